@@ -1,0 +1,1 @@
+"""Development tools: the embedded Postgres, the local selections service, demo and bench."""

@@ -1,0 +1,63 @@
+"""DAG-definition helpers: the params a job exposes and the defaults every DAG shares.
+
+Imported at parse time, so nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+
+from include.pin_maintenance.config import ConfigSpec, Setting
+
+START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
+
+# Airflow retries are for infrastructure failures only (a lost connection, a killed worker);
+# the jobs' own retry bookkeeping lives in the business tables.
+DEFAULT_ARGS: dict[str, Any] = {
+    "owner": "pin-platform",
+    "retries": 1,
+    "retry_delay": timedelta(seconds=30),
+}
+
+
+def config_params(spec: ConfigSpec) -> dict[str, Any]:
+    """One trigger param per config key, defaulting to None ("use the Variable or default").
+
+    The JSON schema carries the same ranges as the config spec, so the UI and the REST API
+    refuse an out-of-range value before a run is even created; the task validates again (the
+    Variable layer and cross-key rules can only be checked at run time).
+    """
+    from airflow.sdk import Param
+
+    return {s.name: Param(None, **_schema(s)) for s in spec.settings}
+
+
+def _schema(setting: Setting) -> dict[str, Any]:
+    schema: dict[str, Any] = {
+        "type": ["null", "integer" if setting.kind is int else "number"],
+        "title": setting.name,
+        "description": (
+            f"{setting.help} Default {setting.default}; allowed {setting.allowed()}. "
+            "Empty = the Variable's value or the default."
+        ).strip(),
+    }
+    if setting.minimum is not None:
+        key = "exclusiveMinimum" if setting.exclusive_minimum else "minimum"
+        schema[key] = setting.minimum
+    if setting.maximum is not None:
+        schema["maximum"] = setting.maximum
+    return schema
+
+
+def dry_run_param() -> Any:
+    from airflow.sdk import Param
+
+    return Param(
+        False,
+        type="boolean",
+        title="dry_run",
+        description="Report what the run would change and change nothing.",
+    )

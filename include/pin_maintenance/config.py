@@ -1,0 +1,155 @@
+"""Job configuration: defaults <- Airflow Variable JSON <- trigger params, validated up front.
+
+Pure functions only. A job declares a :class:`ConfigSpec` (its keys, defaults and allowed
+ranges, plus rules that relate two keys); :meth:`ConfigSpec.resolve` merges the three layers and
+raises :class:`ConfigError` naming the key, the value, where it came from and what is allowed.
+Validation happens before a job touches the database, so a bad value never half-runs a job.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+Number = int | float
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One config key: its default and allowed range (bounds are inclusive unless noted)."""
+
+    name: str
+    default: Number
+    kind: type = int  # int or float
+    minimum: Number | None = None
+    maximum: Number | None = None
+    exclusive_minimum: bool = False
+    help: str = ""
+
+    def allowed(self) -> str:
+        kind = "integer" if self.kind is int else "number"
+        if self.minimum is not None and self.maximum is not None:
+            return f"{kind} {_fmt(self.minimum)}..{_fmt(self.maximum)}"
+        if self.minimum is not None:
+            op = ">" if self.exclusive_minimum else ">="
+            return f"{kind} {op} {_fmt(self.minimum)}"
+        return kind
+
+    def check(self, value: Any, source: str) -> Number:
+        ok_type = (
+            isinstance(value, int) and not isinstance(value, bool)
+            if self.kind is int
+            else isinstance(value, (int, float)) and not isinstance(value, bool)
+        )
+        if not ok_type or (isinstance(value, float) and not math.isfinite(value)):
+            raise ConfigError(
+                f"{self.name} = {value!r} ({source}) is not valid; allowed: {self.allowed()}"
+            )
+        too_low = self.minimum is not None and (
+            value <= self.minimum if self.exclusive_minimum else value < self.minimum
+        )
+        too_high = self.maximum is not None and value > self.maximum
+        if too_low or too_high:
+            raise ConfigError(
+                f"{self.name} = {value!r} ({source}) is out of range; allowed: {self.allowed()}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A constraint between keys, e.g. ``lock_ttl_seconds > max_run_duration_seconds``.
+
+    ``allowed`` renders the allowed range from the resolved values, for the error message.
+    """
+
+    key: str
+    holds: Callable[[Mapping[str, Number]], bool]
+    allowed: Callable[[Mapping[str, Number]], str]
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """The config keys of one job (named after its DAG id) and the per-run extras it accepts."""
+
+    job: str
+    settings: tuple[Setting, ...]
+    rules: tuple[Rule, ...] = ()
+    # Per-run params that are not config keys (e.g. dry_run); they pass through unvalidated here.
+    extra_params: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def defaults(self) -> dict[str, Number]:
+        return {s.name: s.default for s in self.settings}
+
+    def resolve(
+        self,
+        variable: str | Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> dict[str, Number]:
+        """Merge defaults, the Variable (JSON text or mapping) and params; validate everything.
+
+        A param whose value is ``None`` means "not given" (the DAG declares its params with a
+        ``None`` default so that the Variable can still override the code default).
+        """
+        by_name = {s.name: s for s in self.settings}
+        values: dict[str, Number] = self.defaults
+        sources = {name: "default" for name in values}
+
+        for layer, source in (
+            (self._parse_variable(variable), f"from Variable {self.job}"),
+            (params or {}, "from trigger params"),
+        ):
+            for key, value in layer.items():
+                if key in self.extra_params and source == "from trigger params":
+                    continue
+                if key not in by_name:
+                    raise ConfigError(
+                        f"{self.job}: unknown config key {key!r} = {value!r} ({source}); "
+                        f"allowed keys: {', '.join(sorted(by_name))}"
+                    )
+                if value is None and source == "from trigger params":
+                    continue
+                try:
+                    values[key] = by_name[key].check(value, source)
+                except ConfigError as exc:
+                    raise ConfigError(f"{self.job}: {exc}") from None
+                sources[key] = source
+
+        for rule in self.rules:
+            if not rule.holds(values):
+                raise ConfigError(
+                    f"{self.job}: {rule.key} = {values[rule.key]!r} ({sources[rule.key]}) "
+                    f"is out of range; allowed: {rule.allowed(values)}"
+                )
+        return values
+
+    def _parse_variable(self, variable: str | Mapping[str, Any] | None) -> Mapping[str, Any]:
+        if variable is None or variable == "":
+            return {}
+        if isinstance(variable, Mapping):
+            return variable
+        try:
+            parsed = json.loads(variable)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(
+                f"{self.job}: Variable {self.job} is not valid JSON ({exc.msg} at position "
+                f'{exc.pos}); expected a JSON object such as {{"batch_size": 100}}'
+            ) from exc
+        if not isinstance(parsed, dict):
+            raise ConfigError(
+                f"{self.job}: Variable {self.job} = {variable!r} must be a JSON object of "
+                f"config keys, got {type(parsed).__name__}"
+            )
+        return parsed
+
+
+def _fmt(value: Number) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

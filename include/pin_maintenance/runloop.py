@@ -1,0 +1,110 @@
+"""The bounded batch loop every job runs, and the stop signal that ends it between batches."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class JobCancelled(RuntimeError):
+    """The run was asked to stop (SIGTERM, task killed) and stopped cleanly between batches."""
+
+
+class StopSignal:
+    """A thread-safe "please stop" flag, set by SIGTERM or by a caller."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = ""
+
+    def set(self, reason: str = "stop requested") -> None:
+        self.reason = reason
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def raise_if_set(self) -> None:
+        if self.is_set():
+            raise JobCancelled(self.reason)
+
+    @contextmanager
+    def on_sigterm(self) -> Iterator[StopSignal]:
+        """Set this signal on SIGTERM while inside the block, then chain to the old handler.
+
+        Airflow's task runner answers SIGTERM by calling ``on_kill`` and carries on; the
+        supervisor kills the process after a grace period. Chaining keeps Airflow's behaviour
+        and lets the job finish or roll back the batch in hand instead of dying mid-statement.
+        Only the main thread may install handlers; elsewhere this is a no-op.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def handler(signum, frame):
+            self.set("SIGTERM received")
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(signal.SIGTERM, handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class StopReason(StrEnum):
+    DRAINED = "drained"  # a batch came back short: nothing more is due
+    MAX_BATCHES = "max_batches"
+    MAX_DURATION = "max_duration"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class LoopLimits:
+    max_duration_seconds: float
+    max_batches: int | None = None
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    batches: int
+    stop_reason: StopReason
+
+    @property
+    def has_more(self) -> bool:
+        """True when a bound, not an empty or short batch, ended the run (the seeds' HasMore)."""
+        return self.stop_reason is not StopReason.DRAINED
+
+
+def run_batches(
+    batch: Callable[[int], bool],
+    limits: LoopLimits,
+    stop: StopSignal,
+    clock: Callable[[], float] = time.monotonic,
+) -> LoopResult:
+    """Call ``batch(index)`` until it returns False (short batch) or a bound is reached.
+
+    ``batch`` does one complete unit of work (its own transaction) and returns True when the
+    batch was full, i.e. more work may be waiting. Bounds are checked between batches only, so
+    a batch is never abandoned half-way by the loop itself.
+    """
+    started = clock()
+    done = 0
+    while True:
+        if stop.is_set():
+            return LoopResult(done, StopReason.CANCELLED)
+        if limits.max_batches is not None and done >= limits.max_batches:
+            return LoopResult(done, StopReason.MAX_BATCHES)
+        if done and clock() - started >= limits.max_duration_seconds:
+            return LoopResult(done, StopReason.MAX_DURATION)
+        full = batch(done)
+        done += 1
+        if not full:
+            return LoopResult(done, StopReason.DRAINED)
