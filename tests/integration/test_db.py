@@ -1,0 +1,89 @@
+"""Session guards and the advisory lock, on a real Postgres with concurrent sessions."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from include.pin_maintenance.db import (
+    SessionSettings,
+    advisory_lock,
+    configure_session,
+    configured,
+    lock_key,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_configure_session_sets_timeouts_and_name(db):
+    with db.connect() as conn:
+        configure_session(conn, SessionSettings(1234, 567, "pin:test"))
+        assert conn.execute("show statement_timeout").fetchone()[0] == "1234ms"
+        assert conn.execute("show lock_timeout").fetchone()[0] == "567ms"
+        assert conn.execute("show application_name").fetchone()[0] == "pin:test"
+
+
+def test_statement_timeout_cancels_a_runaway_statement(db):
+    connect = configured(db.connect, SessionSettings(statement_timeout_ms=200))
+    with connect() as conn, pytest.raises(psycopg.errors.QueryCanceled):
+        conn.execute("select pg_sleep(5)")
+
+
+def test_lock_key_is_stable_and_signed_64_bit():
+    key = lock_key("job:scheduled:activity-retention")
+    assert key == lock_key("job:scheduled:activity-retention")
+    assert key != lock_key("job:scheduled:other")
+    assert -(2**63) <= key < 2**63
+
+
+def test_second_holder_is_refused_without_waiting_then_lock_is_free_again(db):
+    connect = db.connect
+    with advisory_lock(connect, "job:x", ttl_seconds=30) as first:
+        assert first is True
+        started = time.monotonic()
+        with advisory_lock(connect, "job:x", ttl_seconds=30) as second:
+            assert second is False
+        assert time.monotonic() - started < 5  # try-lock: no queueing behind the holder
+        with advisory_lock(connect, "job:other", ttl_seconds=30) as other:
+            assert other is True
+    with advisory_lock(connect, "job:x", ttl_seconds=30) as again:
+        assert again is True
+
+
+def test_lock_is_released_when_the_holding_connection_dies(db):
+    holder = db.connect()
+    with advisory_lock(lambda: holder, "job:y", ttl_seconds=30) as got:
+        assert got
+        pid = holder.info.backend_pid
+        with db.connect(autocommit=True) as admin:
+            admin.execute("select pg_terminate_backend(%s)", [pid])
+        with advisory_lock(db.connect, "job:y", ttl_seconds=30) as other:
+            assert other is True
+
+
+def test_lock_is_a_lease_a_hung_holder_loses_it_after_ttl(db):
+    with advisory_lock(db.connect, "job:z", ttl_seconds=0.5) as got:
+        assert got
+        deadline = time.monotonic() + 10
+        freed = False
+        while time.monotonic() < deadline and not freed:
+            time.sleep(0.2)
+            with advisory_lock(db.connect, "job:z", ttl_seconds=30) as other:
+                freed = other
+        assert freed, "the idle holder should lose the lock once its TTL passed"
+
+
+def test_lock_does_not_leak_into_a_reused_connection(db):
+    conn = db.connect()
+    try:
+        with advisory_lock(lambda: psycopg.connect(db.url), "job:w", ttl_seconds=30) as got:
+            assert got
+        held = conn.execute(
+            "select count(*) from pg_locks where locktype = 'advisory' and granted"
+        ).fetchone()[0]
+        assert held == 0
+    finally:
+        conn.close()

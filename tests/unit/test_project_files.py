@@ -1,0 +1,70 @@
+"""Project-level contracts that a fresh clone depends on (no DB, no Airflow runtime)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _airflow_pin() -> str:
+    text = (REPO / "requirements-airflow.txt").read_text()
+    match = re.search(r"^apache-airflow(\[[^\]]*\])?==(\d+\.\d+\.\d+)$", text, re.M)
+    assert match, "requirements-airflow.txt must pin apache-airflow exactly"
+    return match.group(2)
+
+
+def test_airflow_pin_is_3_3_and_matches_the_dockerfile_runtime_line():
+    version = _airflow_pin()
+    assert version.startswith("3.3."), version
+    runtime = re.search(
+        r"^FROM \S+/runtime:(\d+\.\d+)-\d+", (REPO / "Dockerfile").read_text(), re.M
+    )
+    assert runtime, "Dockerfile must start FROM an Astro runtime image"
+    assert version.startswith(runtime.group(1) + "."), (version, runtime.group(1))
+
+
+def test_installed_airflow_is_the_pinned_one():
+    import importlib.metadata
+
+    assert importlib.metadata.version("apache-airflow") == _airflow_pin()
+
+
+def test_job_package_imports_nothing_from_airflow():
+    offenders = []
+    for path in (REPO / "include" / "pin_maintenance").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            offenders += [
+                f"{path.relative_to(REPO)}: {n}"
+                for n in names
+                if n.split(".")[0] == "airflow" or n.startswith("include.pin_airflow")
+            ]
+    assert offenders == []
+
+
+def test_airflow_settings_define_the_contract_connections():
+    settings = yaml.safe_load((REPO / "airflow_settings.yaml").read_text())
+    conns = {c["conn_id"]: c["conn_type"] for c in settings["airflow"]["connections"]}
+    assert conns == {
+        "news_db": "postgres",
+        "calendar_db": "postgres",
+        "user_activity_db": "postgres",
+        "selections_api": "http",
+        "alerts_webhook": "http",
+    }
+
+
+def test_ci_runs_the_readme_test_command():
+    assert "make test" in (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert "make test" in readme
+    assert "make demo" in readme
