@@ -72,8 +72,7 @@ def test_delete_tasks_run_in_fk_order_between_prepare_and_report(retention_dag):
 def _counts(db) -> dict[str, int]:
     with db.connect() as conn:
         return {
-            t: conn.execute(f"select count(*) from user_activity.{t}").fetchone()[0]
-            for t in TABLES
+            t: conn.execute(f"select count(*) from user_activity.{t}").fetchone()[0] for t in TABLES
         }
 
 

@@ -52,8 +52,7 @@ def config(**overrides):
 def counts(db) -> dict[str, int]:
     with db.connect() as conn:
         return {
-            t: conn.execute(f"select count(*) from user_activity.{t}").fetchone()[0]
-            for t in TABLES
+            t: conn.execute(f"select count(*) from user_activity.{t}").fetchone()[0] for t in TABLES
         }
 
 
@@ -321,8 +320,7 @@ def test_circular_and_cross_session_references_are_cleared(db):
     assert existing(db, "sessions", "id", [old, young]) == {young}
     with db.connect() as conn:
         row = conn.execute(
-            "select apply_filter_event_id from user_activity.property_object_views"
-            " where id = %s",
+            "select apply_filter_event_id from user_activity.property_object_views where id = %s",
             (young_view,),
         ).fetchone()
         assert row == (None,)
@@ -399,7 +397,9 @@ def test_skip_locked_keeps_two_lockless_steps_apart(db, seeded, table):
         try:
             barrier.wait(timeout=10)
             results.append(
-                job.delete_step(conn_factory, plan, table, telemetry(), StopSignal(), lock_name=None)
+                job.delete_step(
+                    conn_factory, plan, table, telemetry(), StopSignal(), lock_name=None
+                )
             )
         except Exception as exc:  # collected and asserted below
             errors.append(exc)

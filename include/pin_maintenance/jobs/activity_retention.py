@@ -46,6 +46,7 @@ margin). A holder that hangs longer loses the lock to the server, so it cannot b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -432,10 +433,9 @@ class _BatchWalker:
         return len(rows) >= self.plan.batch_size
 
     def _fail(self, index: int, ids: Sequence[uuid.UUID], exc: psycopg.Error) -> None:
-        try:
+        # If the connection is gone, the server has rolled the batch back already.
+        with contextlib.suppress(psycopg.Error):
             self.conn.rollback()
-        except psycopg.Error:
-            pass  # the connection is gone: the server rolled the batch back already
         batch_ids = {"first": str(ids[0]), "last": str(ids[-1]), "count": len(ids)} if ids else {}
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         self.telemetry.log.error(
@@ -520,9 +520,7 @@ def run(
             telemetry.log.warning("lock_skip", lock=LOCK_NAME, table="all")
             steps = [StepResult(table=t, lock_skipped=True) for t in TABLES]
         else:
-            steps = [
-                delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES
-            ]
+            steps = [delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES]
     return report(plan, steps, telemetry)
 
 
