@@ -12,18 +12,22 @@ Exits non-zero if any DAG run fails.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 
 from devtools import airflow_env as ae
 from devtools import pg
+from devtools.outbox_data import generate_outbox
+from devtools.selections_service import SelectionsService
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / ".local"
@@ -111,23 +115,51 @@ def outbox_counts(conn: psycopg.Connection) -> Counts:
 def describe_detach(before: Counts, after: Counts) -> str:
     detached = after.get("Done", 0) - before.get("Done", 0)
     quarantined = after.get("Quarantined", 0) - before.get("Quarantined", 0)
-    retried = after.get("Pending", 0)
+    attempted = after["attempts"] - before["attempts"]  # one claim = one attempt per row
     return (
-        f"detached {detached}, quarantined {quarantined}, "
-        f"left Pending for retry with backoff {retried} "
-        f"(attempts made {after['attempts'] - before['attempts']})"
+        f"detached {detached}, retried later (still Pending, backoff set) "
+        f"{attempted - detached - quarantined}, quarantined {quarantined}; "
+        f"{after.get('Pending', 0)} Pending rows remain"
+    )
+
+
+def describe_requeue(before: Counts, after: Counts) -> str:
+    return (
+        f"dry run: would requeue {after.get('Quarantined', 0)} Quarantined rows; "
+        f"changed nothing ({'ok' if before == after else 'CHANGED'})"
     )
 
 
 JOBS = [
+    DemoJob("news_snapshot_detach_retry", outbox_counts, describe_detach),
+    DemoJob(
+        "news_snapshot_detach_requeue",
+        outbox_counts,
+        describe_requeue,
+        conf={"all_quarantined": True, "dry_run": True},
+    ),
     DemoJob("calendar_slot_expiration", slot_counts, describe_slots),
     DemoJob("user_activity_retention", activity_counts, describe_retention),
 ]
 
 
-def seed(url: str) -> None:
+def seed(url: str, selections: SelectionsService) -> None:
+    """Demo rows for every job; the selections service is scripted per outbox snapshot."""
     with psycopg.connect(url) as conn:
         conn.execute((SEED_SQL / "demo_seed_calendar_activity.sql").read_text())
+        conn.commit()
+        generate_outbox(conn, 40)  # selections answers 2xx: Done
+        for snapshot_id in generate_outbox(conn, 5):
+            selections.mark_detached(snapshot_id)  # already detached: 2xx again, Done
+        for snapshot_id in generate_outbox(conn, 5):
+            selections.script(snapshot_id, "error_503")  # transient: Pending with backoff
+        for snapshot_id in generate_outbox(conn, 2):
+            selections.script(snapshot_id, "rate_limited")  # 429 + Retry-After: Pending
+        for snapshot_id in generate_outbox(conn, 3):
+            selections.script(snapshot_id, "not_found")  # unknown snapshot: Quarantined
+        for snapshot_id in generate_outbox(conn, 2, attempts=11, last_error="HttpError 503"):
+            selections.script(snapshot_id, "error_503")  # 12th failure: Quarantined
+        generate_outbox(conn, 10, due_in=timedelta(hours=1))  # not due yet: untouched
 
 
 def main() -> int:
@@ -140,11 +172,13 @@ def main() -> int:
     print(f"==> Postgres: {where}")
     database = pg.create_database(admin, DEMO_DB)
     pg.apply_schema(database.url)
-    seed(database.url)
-    print(f"==> database {DEMO_DB}: reference schema + demo data")
 
     with ExitStack() as stack:
-        env = ae.airflow_env(AIRFLOW_HOME, job_db_url=database.url)
+        selections = stack.enter_context(SelectionsService(latency_ms=20))
+        print(f"==> selections service on {selections.url} (20 ms per call, scripted answers)")
+        seed(database.url, selections)
+        print(f"==> database {DEMO_DB}: reference schema + demo data")
+        env = ae.airflow_env(AIRFLOW_HOME, job_db_url=database.url, selections_url=selections.url)
         print("==> migrating the Airflow metadata DB (SQLite, first run only takes longer)")
         ae.migrate(env)
         failures = []
@@ -154,7 +188,10 @@ def main() -> int:
                 before = job.snapshot(conn)
             print(f"==> airflow dags test {job.dag_id}")
             t0 = time.monotonic()
-            done = ae.airflow(["dags", "test", job.dag_id], env)
+            args = ["dags", "test", job.dag_id]
+            if job.conf is not None:
+                args += ["--conf", json.dumps(job.conf)]
+            done = ae.airflow(args, env)
             elapsed = time.monotonic() - t0
             with database.connect() as conn:
                 after = job.snapshot(conn)
@@ -165,7 +202,6 @@ def main() -> int:
                 log.write_text(done.stdout + done.stderr)
                 print(f"    FAILED (exit {done.returncode}); output in {log}")
             report.append((job.dag_id, ok, elapsed, job.describe(before, after)))
-        stack.close()
 
     print("\n=== What each job did ===")
     for dag_id, ok, elapsed, text in report:

