@@ -555,6 +555,53 @@ def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path
     )
 
 
+def _start_cli(db, log_file, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "include.pin_maintenance.jobs.activity_retention",
+            "--db-url",
+            db.url,
+            *args,
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=log_file,
+    )
+
+
+def test_sigterm_finishes_the_batch_in_hand_and_stops(db, seeded, tmp_path):
+    blocked = session_id("t", 13)  # in batch 3 of batch_size 5
+    holder = db.connect()
+    holder.execute(
+        "select id from user_activity.action_events where session_id = %s for update", (blocked,)
+    )
+    log_path = tmp_path / "job.log"
+    with log_path.open("w") as log_file:
+        proc = _start_cli(
+            db, log_file, "--config", json.dumps({"batch_size": 5}), "--lock-timeout-ms", "120000"
+        )
+        try:
+            _wait_for(lambda: _backends(db, waiting=True) == 1, "the job to block in batch 3")
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)  # the signal lands while the batch waits; release the row lock
+            holder.rollback()
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+            holder.close()
+
+    assert proc.returncode == 3, log_path.read_text()
+    assert "SIGTERM received" in log_path.read_text()
+    # batch 3 was finished and committed, nothing after it was started
+    assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(16, 30))
+    assert counts(db)["sessions"] == 40
+
+
 # ----------------------------------------------------------------------- config, dry run
 
 

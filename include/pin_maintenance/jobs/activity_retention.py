@@ -69,7 +69,7 @@ from typing import Any
 import psycopg
 
 from include.pin_maintenance import sql
-from include.pin_maintenance.config import ConfigSpec, Setting
+from include.pin_maintenance.config import ConfigError, ConfigSpec, Setting
 from include.pin_maintenance.db import Connect, SessionSettings, advisory_lock, configured
 from include.pin_maintenance.runloop import (
     JobCancelled,
@@ -554,7 +554,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
 
-    config = CONFIG.resolve(args.config or None, None)
+    try:
+        config = CONFIG.resolve(args.config or None, None)
+    except ConfigError as exc:
+        print(f"ConfigError: {exc}", file=sys.stderr)
+        return 2
     settings = SessionSettings(
         statement_timeout_ms=SESSION_SETTINGS.statement_timeout_ms,
         lock_timeout_ms=args.lock_timeout_ms,
@@ -564,8 +568,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = JobLog(JOB, args.run_id)
     telemetry = Telemetry(log=log, metrics=RecordingMetrics(), alerts=LogOnlyAlerts(log))
     stop = StopSignal()
-    with stop.on_sigterm():
-        result = run(connect, config, telemetry, stop, dry_run=args.dry_run)
+    try:
+        with stop.on_sigterm():
+            result = run(connect, config, telemetry, stop, dry_run=args.dry_run)
+    except JobCancelled as exc:
+        print(f"JobCancelled: {exc}", file=sys.stderr)
+        return 3
+    except BatchFailed as exc:
+        print(f"BatchFailed: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(result.as_dict()))
     return 0
 
