@@ -143,3 +143,23 @@ def test_invalid_config_fails_the_run_before_any_delete(run_dag, seeded, variabl
     assert done.returncode != 0
     assert key in output
     assert _counts(db) == before
+
+
+def test_busy_lock_makes_every_delete_task_a_successful_noop(run_dag, seeded):
+    import psycopg
+
+    from include.pin_maintenance.db import advisory_lock
+    from include.pin_maintenance.jobs.activity_retention import LOCK_NAME
+
+    db = seeded
+    before = _counts(db)
+
+    with advisory_lock(lambda: psycopg.connect(db.url), LOCK_NAME, 300) as held:
+        assert held
+        done = run_dag(DAG_ID, db)
+
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert _counts(db) == before
+    assert output.count("event=lock_skip") == 3
+    assert "HasMore=True" in output
