@@ -124,7 +124,7 @@ def test_invalid_param_fails_the_run_naming_the_key(db: Database, run_dag):
     done = run_dag(DAG_ID, db, conf={"max_run_duration_seconds": 0})
 
     assert done.returncode != 0
-    assert "max_run_duration_seconds" in done.stdout + done.stderr
+    assert "Invalid input for param max_run_duration_seconds" in done.stdout + done.stderr
     assert statuses(db) == {"Available": 6, "Booked": 1, "Archived": 1}
 
 
