@@ -5,11 +5,14 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs import slot_expiration as se
+from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
 
 
 def test_config_defaults_match_design_section_4():
@@ -163,11 +166,6 @@ def test_metric_names_are_the_contract():
 
 
 def test_unreachable_database_fails_the_cycle_and_counts_an_error(tmp_path):
-    import psycopg
-
-    from include.pin_maintenance.runloop import StopSignal
-    from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
-
     log = JobLog(se.JOB, "unit")
     metrics = RecordingMetrics()
     telemetry = Telemetry(log, metrics, LogOnlyAlerts(log))
