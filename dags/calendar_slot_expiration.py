@@ -41,7 +41,9 @@ the rest waits for the next cycle), `dry_run` (count what would expire, change n
   again every cycle. Fix the row (or the trigger), or archive it by hand; then the next cycle
   expires it. `errors_total` rising steadily means it is still failing.
 - *Task failed* (connection lost, statement or lock timeout): the batch in hand was rolled
-  back, nothing is half-updated; the next cycle retries. Repeated failures: check the database.
+  back, nothing is half-updated; the next cycle retries (it also counts in `_errors_total`).
+  Repeated failures: check the database. An invalid config fails at once, without a retry,
+  naming the key: fix the Variable or the trigger params.
 - *No successful cycle for 30 min*: `_last_success_timestamp_seconds` stops moving; look for a
   stuck or failing run in the UI.
 """
