@@ -82,18 +82,12 @@ def calendar_slot_expiration():
     @task(execution_timeout=timedelta(minutes=10))
     def expire_slots(**context) -> dict:
         """Run one expiration cycle; return {ExpiredCount, SkippedLockedCount, DurationMs, ...}."""
-        from airflow.sdk.exceptions import AirflowFailException
-
         from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
-        from include.pin_maintenance.config import ConfigError
         from include.pin_maintenance.jobs import slot_expiration
         from include.pin_maintenance.runloop import StopSignal
 
         params = context["params"]
-        try:
-            config = resolve_config(CONFIG, params)  # before any write
-        except ConfigError as exc:  # a retry cannot fix a bad value: fail now, no retry
-            raise AirflowFailException(f"ConfigError: {exc}") from exc
+        config = resolve_config(CONFIG, params)  # before any write; bad values fail, no retry
         connect = postgres_connect(CONN_ID, slot_expiration.SESSION)
         with StopSignal().on_sigterm() as stop:
             result = slot_expiration.run(

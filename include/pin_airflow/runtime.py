@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from include.pin_maintenance.config import ConfigSpec
+from airflow.sdk.exceptions import AirflowFailException
+
+from include.pin_maintenance.config import ConfigError, ConfigSpec
 from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.telemetry import Alert, JobLog, Telemetry
 
@@ -33,9 +35,20 @@ def read_variable_json(key: str) -> str | None:
     return Variable.get(key, default=None)
 
 
+class InvalidConfig(ConfigError, AirflowFailException):
+    """A bad config value fails the task at once: an Airflow retry cannot fix it (while
+    infrastructure failures keep their retry). Still a ConfigError for callers and tests."""
+
+
 def resolve_config(spec: ConfigSpec, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Defaults <- Variable named after the DAG id <- trigger params (DESIGN section 4)."""
-    return spec.resolve(read_variable_json(spec.job), params_for_spec(spec, params))
+    """Defaults <- Variable named after the DAG id <- trigger params (DESIGN section 4).
+
+    Raises :class:`InvalidConfig` naming the key, its value and the allowed range.
+    """
+    try:
+        return spec.resolve(read_variable_json(spec.job), params_for_spec(spec, params))
+    except ConfigError as exc:
+        raise InvalidConfig(str(exc)) from None
 
 
 def params_for_spec(spec: ConfigSpec, params: Mapping[str, Any] | None) -> dict[str, Any]:
