@@ -57,6 +57,7 @@ class RecordingWebhook:
         self.delay = delay
         self.received: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.received_at: list[float] = []  # unix time of each POST
         self._lock = threading.Lock()
         webhook = self
 
@@ -65,6 +66,7 @@ class RecordingWebhook:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length)
                 with webhook._lock:
+                    webhook.received_at.append(time.time())
                     webhook.headers.append(dict(self.headers.items()))
                     try:
                         webhook.received.append(json.loads(raw))

@@ -14,8 +14,10 @@ Metadata DB: a database on the session's embedded Postgres (LocalExecutor needs 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -86,6 +88,23 @@ def _interval(alert: dict) -> float:
     return (deadline - queued).total_seconds()
 
 
+def _report(hook: RecordingWebhook, t0: float) -> None:
+    """Timeline for the record (shown with ``pytest -s``): when each alert arrived."""
+    for alert, at in zip(hook.received, hook.received_at, strict=True):
+        deadline = datetime.fromisoformat(alert["details"]["deadline_time"]).timestamp()
+        print(
+            "E2E_DEADLINE",
+            json.dumps(
+                {
+                    "run_id": alert["run_id"],
+                    "received_s_after_start": round(at - t0, 1),
+                    "received_s_after_deadline": round(at - deadline, 1),
+                    "interval_s": _interval(alert),
+                }
+            ),
+        )
+
+
 def test_deadline_fires_once_per_late_run_and_survives_reparse(
     tmp_path: Path, metadata_db: pg.Database
 ) -> None:
@@ -93,6 +112,7 @@ def test_deadline_fires_once_per_late_run_and_survives_reparse(
     shutil.copytree(FIXTURE, dags)
     dag_file = dags / f"{DAG_ID}.py"
     url = metadata_db.url
+    t0 = time.time()
     with (
         RecordingWebhook() as hook,
         local_airflow(
@@ -127,6 +147,7 @@ def test_deadline_fires_once_per_late_run_and_survives_reparse(
             DAG_ID,
         )
 
+    _report(hook, t0)
     assert len(first) == 1, first
     assert len(second) == 1, second
     assert deadlines == 2
