@@ -9,8 +9,6 @@ MetricsRegistry of legacy names (which would emit it twice).
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 import yaml
 
 from devtools.pg import Database
+from tests.e2e.deadline_helpers import UdpListener
 
 pytestmark = pytest.mark.dags
 
@@ -26,37 +25,6 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures_dags" / "metrics"
 CATALOG = yaml.safe_load((REPO / "ops" / "metrics.yml").read_text())["metrics"]
 STATSD_TYPE = {"counter": "c", "gauge": "g", "timing": "ms"}
 NO_JOB_DB = Database(url="postgresql:///unused", name="unused")  # the fixture touches no DB
-
-
-class UdpListener:
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.lines: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self.sock.getsockname()[1]
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65535)
-            except TimeoutError:
-                continue
-            self.lines += data.decode(errors="replace").splitlines()
-
-    def __enter__(self) -> UdpListener:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
 
 
 @pytest.fixture
@@ -74,15 +42,8 @@ def emit_plan() -> list[list]:
     return plan
 
 
-def statsd_env(port: int, **extra: str) -> dict[str, str]:
-    return {
-        "AIRFLOW__CORE__DAGS_FOLDER": str(FIXTURES),
-        "AIRFLOW__METRICS__STATSD_ON": "True",
-        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-        "AIRFLOW__METRICS__STATSD_PORT": str(port),
-        "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
-        **extra,
-    }
+def statsd_env(listener: UdpListener, **extra: str) -> dict[str, str]:
+    return {"AIRFLOW__CORE__DAGS_FOLDER": str(FIXTURES), **listener.airflow_env(), **extra}
 
 
 def ours(lines: list[str]) -> dict[str, list[tuple[float, str]]]:
@@ -109,13 +70,15 @@ def expected(plan: list[list]) -> dict[str, list[tuple[float, str]]]:
 def test_every_metric_arrives_once_with_prefix_and_type(run_dag, statsd) -> None:
     plan = emit_plan()
     done = run_dag(
-        "pin_fixture_metrics", NO_JOB_DB, conf={"emit": plan}, extra_env=statsd_env(statsd.port)
+        "pin_fixture_metrics", NO_JOB_DB, conf={"emit": plan}, extra_env=statsd_env(statsd)
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert ours(statsd.lines) == expected(plan)
     assert all(line.startswith("airflow.") for line in statsd.lines if ":" in line), (
         "statsd_prefix applies to every name"
     )
+    # (Airflow's own airflow.dagrun.duration.<outcome>.<dag_id> is sent by the scheduler, not by
+    # `airflow dags test`: tests/e2e/test_deadline_alerts.py checks it arrives.)
 
 
 def test_metrics_allow_list_must_name_our_prefixes(run_dag, statsd) -> None:
@@ -126,7 +89,7 @@ def test_metrics_allow_list_must_name_our_prefixes(run_dag, statsd) -> None:
         "pin_fixture_metrics",
         NO_JOB_DB,
         conf={"emit": plan},
-        extra_env=statsd_env(statsd.port, AIRFLOW__METRICS__METRICS_ALLOW_LIST=allow),
+        extra_env=statsd_env(statsd, AIRFLOW__METRICS__METRICS_ALLOW_LIST=allow),
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert ours(statsd.lines) == expected(plan)

@@ -103,6 +103,48 @@ class RecordingWebhook:
         self._server.server_close()
 
 
+class UdpListener:
+    """A loopback UDP socket that keeps every StatsD line it receives."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.lines: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    def airflow_env(self) -> dict[str, str]:
+        """``[metrics]`` settings that send Airflow's StatsD to this listener."""
+        return {
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(self.port),
+            "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+        }
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65535)
+            except TimeoutError:
+                continue
+            self.lines += data.decode(errors="replace").splitlines()
+
+    def __enter__(self) -> UdpListener:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
 class LocalAirflow:
     """Scheduler + dag-processor + api-server on a scratch AIRFLOW_HOME (real scheduling)."""
 
@@ -117,6 +159,7 @@ class LocalAirflow:
         job_db_url: str,
         webhook_url: str | None,
         variables: dict[str, object] | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         self.home = home
         self.port = free_port()
@@ -143,6 +186,7 @@ class LocalAirflow:
                 "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "1",
                 "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
                 "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+                **(extra_env or {}),
             },
         )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -10,6 +10,8 @@ One scenario, in order (about a minute on 2 cores):
    records): exactly one alert for run 2, with the Variable's interval.
 
 Metadata DB: a database on the session's embedded Postgres (LocalExecutor needs Postgres).
+StatsD goes to a loopback UDP listener, to check the scheduler's ``dagrun.duration`` names that
+ops/statsd/mapping.yml maps.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ import psycopg
 import pytest
 
 from devtools import pg
-from tests.e2e.deadline_helpers import LocalAirflow, RecordingWebhook, local_airflow, wait_for
+from tests.e2e.deadline_helpers import (
+    LocalAirflow,
+    RecordingWebhook,
+    UdpListener,
+    local_airflow,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -115,12 +123,14 @@ def test_deadline_fires_once_per_late_run_and_survives_reparse(
     t0 = time.time()
     with (
         RecordingWebhook() as hook,
+        UdpListener() as statsd,
         local_airflow(
             home=tmp_path / "home",
             dags_folder=dags,
             metadata_url=pg.sqlalchemy_url(url),
             job_db_url=url,
             webhook_url=hook.url,
+            extra_env=statsd.airflow_env(),
         ) as af,
     ):
         wait_for(
@@ -158,3 +168,9 @@ def test_deadline_fires_once_per_late_run_and_survives_reparse(
     assert _interval(first[0]) == pytest.approx(5, abs=0.01)  # default: no Variable
     assert _interval(second[0]) == pytest.approx(8, abs=0.01)  # Variable read at run creation
     assert len(hook.alerts()) == 2  # nothing else was sent
+    # the scheduler's own metrics that ops/statsd/mapping.yml maps (airflow.dagrun.duration.*.*)
+    durations = [line for line in statsd.lines if line.startswith("airflow.dagrun.duration.")]
+    assert any(
+        line.startswith(f"airflow.dagrun.duration.success.{DAG_ID}:") and line.endswith("|ms")
+        for line in durations
+    ), durations

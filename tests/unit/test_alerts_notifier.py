@@ -1,4 +1,4 @@
-"""The Notifier (include/pin_airflow/runtime.py) against a real loopback webhook.
+"""The notifiers against a real loopback webhook: runtime.Notifier and alerts.WebhookNotifier.
 
 DESIGN section 4: one greppable WARNING/ERROR line per alert, a JSON POST of
 {"alert","severity","dag_id","run_id","summary","details"} to the http connection
@@ -14,7 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from include.pin_airflow import runtime
+from include.pin_airflow import alerts, runtime
+from include.pin_airflow.alerts import WebhookNotifier
 from include.pin_airflow.runtime import Notifier
 from include.pin_maintenance.telemetry import Alert
 from tests.e2e.deadline_helpers import RecordingWebhook, free_port
@@ -50,10 +51,18 @@ def records() -> Iterator[Records]:
     logger.removeHandler(handler)
 
 
-def notifier() -> Notifier:
-    return Notifier(
-        "news_snapshot_detach_retry", "scheduled__1", logging.getLogger("test_alerts_notifier")
-    )
+@pytest.fixture(params=[Notifier, WebhookNotifier], ids=["runtime.Notifier", "WebhookNotifier"])
+def notifier_class(request) -> type[Notifier]:
+    return request.param
+
+
+@pytest.fixture
+def notifier(notifier_class):
+    def make() -> Notifier:
+        logger = logging.getLogger("test_alerts_notifier")
+        return notifier_class("news_snapshot_detach_retry", "scheduled__1", logger)
+
+    return make
 
 
 def use_webhook(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
@@ -62,7 +71,7 @@ def use_webhook(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
     )
 
 
-def test_alert_is_one_log_line_and_one_json_post(monkeypatch, records) -> None:
+def test_alert_is_one_log_line_and_one_json_post(monkeypatch, records, notifier) -> None:
     with RecordingWebhook() as hook:
         use_webhook(monkeypatch, hook.url)
         notifier().send(QUARANTINE)
@@ -89,21 +98,21 @@ def test_alert_is_one_log_line_and_one_json_post(monkeypatch, records) -> None:
     assert records.lines("PIN_ALERT_DELIVERY_FAILED") == []
 
 
-def test_warning_alert_logs_at_warning(monkeypatch, records) -> None:
+def test_warning_alert_logs_at_warning(monkeypatch, records, notifier) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_ALERTS_WEBHOOK", raising=False)
     notifier().send(Alert("deadline_missed", "warning", "late", {"deadline_id": "d"}))
     [line] = records.lines("PIN_ALERT ")
     assert line.levelno == logging.WARNING
 
 
-def test_without_webhook_connection_only_the_log_line(monkeypatch, records) -> None:
+def test_without_webhook_connection_only_the_log_line(monkeypatch, records, notifier) -> None:
     monkeypatch.delenv("AIRFLOW_CONN_ALERTS_WEBHOOK", raising=False)
     notifier().send(QUARANTINE)
     assert len(records.lines("PIN_ALERT ")) == 1
     assert records.lines("PIN_ALERT_DELIVERY_FAILED") == []
 
 
-def test_duplicate_alert_in_one_run_is_sent_once(monkeypatch, records) -> None:
+def test_duplicate_alert_in_one_run_is_sent_once(monkeypatch, records, notifier) -> None:
     with RecordingWebhook() as hook:
         use_webhook(monkeypatch, hook.url)
         n = notifier()
@@ -119,7 +128,7 @@ def test_duplicate_alert_in_one_run_is_sent_once(monkeypatch, records) -> None:
 
 
 @pytest.mark.parametrize("status", [400, 500, 503])
-def test_webhook_error_answer_is_logged_not_raised(monkeypatch, records, status) -> None:
+def test_webhook_error_answer_is_logged_not_raised(monkeypatch, records, status, notifier) -> None:
     with RecordingWebhook(status=status) as hook:
         use_webhook(monkeypatch, hook.url)
         notifier().send(QUARANTINE)
@@ -129,25 +138,38 @@ def test_webhook_error_answer_is_logged_not_raised(monkeypatch, records, status)
     assert "alert=snapshot_detach_quarantined" in failure.getMessage()
 
 
-def test_unreachable_webhook_is_logged_not_raised(monkeypatch, records) -> None:
+def test_unreachable_webhook_is_logged_not_raised(monkeypatch, records, notifier) -> None:
     use_webhook(monkeypatch, f"http://127.0.0.1:{free_port()}/alerts")  # nothing listens
     notifier().send(QUARANTINE)
     assert len(records.lines("PIN_ALERT ")) == 1
     assert len(records.lines("PIN_ALERT_DELIVERY_FAILED")) == 1
 
 
-def test_slow_webhook_is_cut_off_by_the_timeout(monkeypatch, records) -> None:
+def test_slow_webhook_is_cut_off_by_the_timeout(monkeypatch, records, notifier) -> None:
     monkeypatch.setattr(runtime, "ALERTS_WEBHOOK_TIMEOUT_SECONDS", 0.3)
-    with RecordingWebhook(delay=3) as hook:
+    monkeypatch.setattr(alerts, "WEBHOOK_READ_TIMEOUT_SECONDS", 0.3)
+    with RecordingWebhook(delay=1.5) as hook:
         use_webhook(monkeypatch, hook.url)
         notifier().send(QUARANTINE)
         [failure] = records.lines("PIN_ALERT_DELIVERY_FAILED")
     assert "error=ReadTimeout" in failure.getMessage()
 
 
-def test_delivery_failure_log_carries_no_url_or_credentials(monkeypatch, records) -> None:
-    url = f"http://user:s3cret@127.0.0.1:{free_port()}/alerts"
-    use_webhook(monkeypatch, url)
-    notifier().send(QUARANTINE)
-    text = " ".join(r.getMessage() for r in records.records)
-    assert "s3cret" not in text
+@pytest.mark.parametrize("status", [None, 500])
+def test_webhook_notifier_logs_no_url_or_body_anywhere(monkeypatch, caplog, status) -> None:
+    """Slack/Teams-style webhooks carry their secret in the path: it must not reach a log."""
+    secret_path = "/services/T0/B0/s3cretT0ken"
+    caplog.set_level(logging.INFO)  # the level tasks log at (urllib3 shows paths at DEBUG)
+    logger = logging.getLogger("test_alerts_notifier_root")
+    if status is None:  # nothing listens: connection refused
+        use_webhook(monkeypatch, f"http://127.0.0.1:{free_port()}{secret_path}")
+        WebhookNotifier("d", "r", logger).send(QUARANTINE)
+    else:
+        with RecordingWebhook(status=status) as hook:
+            use_webhook(monkeypatch, hook.url.replace("/alerts", secret_path))
+            WebhookNotifier("d", "r", logger).send(QUARANTINE)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "PIN_ALERT_DELIVERY_FAILED" in text
+    assert "s3cretT0ken" not in text
+    if status:
+        assert f"status={status}" in text
