@@ -5,9 +5,10 @@ One scenario, in order (about a minute on 2 cores):
 1. run 1 of a fixture DAG whose task sleeps 15 s against a 5 s default deadline (no Variable):
    exactly one ``deadline_missed`` alert reaches the loopback webhook, with the default interval;
 2. the DAG file is edited and re-parsed (a new DAG version) and the Variable
-   ``<dag_id>_deadline_seconds`` is set to 8; run 2 is triggered and the file is edited again
-   while it runs (apache/airflow#72471, #68732: re-serialization used to drop deadline
-   records): exactly one alert for run 2, with the Variable's interval.
+   ``<dag_id>_deadline_seconds`` is set to 13; run 2 is triggered and the file is edited again
+   while it runs, re-serialized before run 2's deadline passes (apache/airflow#72471, #68732:
+   re-serialization used to drop deadline records): exactly one alert for run 2, with the
+   Variable's interval.
 
 Metadata DB: a database on the session's embedded Postgres (LocalExecutor needs Postgres).
 StatsD goes to a loopback UDP listener, to check the scheduler's ``dagrun.duration`` names that
@@ -39,6 +40,7 @@ from tests.e2e.deadline_helpers import (
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
 DAG_ID = "pin_fixture_deadline_e2e"
+RUN_2_DEADLINE = 13  # s; the task sleeps 15 s, the re-parse during run 2 takes a few seconds
 FIXTURE = Path(__file__).resolve().parents[1] / "dags" / "fixtures_dags" / "e2e_deadline"
 
 
@@ -143,11 +145,14 @@ def test_deadline_fires_once_per_late_run_and_survives_reparse(
 
         _edit(dag_file, "edited-before-run-2")
         wait_for(lambda: _versions(url) >= 2, timeout=60, what="re-parse after edit")
-        af.cli("variables", "set", f"{DAG_ID}_deadline_seconds", "8")
+        af.cli("variables", "set", f"{DAG_ID}_deadline_seconds", str(RUN_2_DEADLINE))
         af.cli("dags", "trigger", DAG_ID, "--run-id", "e2e_run_2")
         wait_for(lambda: _run_state(url, "e2e_run_2") == "running", timeout=60, what="run 2")
         _edit(dag_file, "edited-during-run-2")
         wait_for(lambda: _versions(url) >= 3, timeout=60, what="re-parse during run 2")
+        reparsed_at = _scalar(
+            url, "select max(created_at) from dag_version where dag_id = %s", DAG_ID
+        )
         second = _finish(af, url, "e2e_run_2", hook)
 
         deadlines = _scalar(
@@ -166,7 +171,11 @@ def test_deadline_fires_once_per_late_run_and_survives_reparse(
         assert alert["dag_id"] == DAG_ID
         assert alert["details"]["tune_with_variable"] == f"{DAG_ID}_deadline_seconds"
     assert _interval(first[0]) == pytest.approx(5, abs=0.01)  # default: no Variable
-    assert _interval(second[0]) == pytest.approx(8, abs=0.01)  # Variable read at run creation
+    assert _interval(second[0]) == pytest.approx(RUN_2_DEADLINE, abs=0.01)  # Variable, at creation
+    # the DAG was re-serialized while run 2's deadline was pending, and the deadline survived
+    lead = datetime.fromisoformat(second[0]["details"]["deadline_time"]) - reparsed_at
+    print("E2E_REPARSE", json.dumps({"reparsed_s_before_run_2_deadline": lead.total_seconds()}))
+    assert lead.total_seconds() > 0
     assert len(hook.alerts()) == 2  # nothing else was sent
     # the scheduler's own metrics that ops/statsd/mapping.yml maps (airflow.dagrun.duration.*.*)
     durations = [line for line in statsd.lines if line.startswith("airflow.dagrun.duration.")]
