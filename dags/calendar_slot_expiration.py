@@ -60,6 +60,7 @@ from include.pin_airflow.dag_support import (
     config_params,
     dry_run_param,
 )
+from include.pin_airflow.deadlines import deadline_alert
 from include.pin_maintenance.jobs.slot_expiration import CONFIG, CONN_ID, JOB
 
 
@@ -75,6 +76,8 @@ from include.pin_maintenance.jobs.slot_expiration import CONFIG, CONN_ID, JOB
     params={**config_params(CONFIG), "dry_run": dry_run_param()},
     tags=["pin", "postgres-maintenance", "calendar"],
     doc_md=__doc__,
+    # SLA: deadline_missed alert when a run is late; tune with Variable <dag_id>_deadline_seconds
+    deadline=deadline_alert("calendar_slot_expiration"),
 )
 def calendar_slot_expiration():
     # A cycle is bounded by max_run_duration_seconds (default 30 s) plus one batch statement

@@ -58,6 +58,7 @@ from include.pin_airflow.dag_support import (
     config_params,
     dry_run_param,
 )
+from include.pin_airflow.deadlines import deadline_alert
 from include.pin_maintenance.jobs.snapshot_detach import CONFIG
 
 NEWS_DB_CONN_ID = "news_db"
@@ -74,6 +75,8 @@ NEWS_DB_CONN_ID = "news_db"
     params={**config_params(CONFIG), "dry_run": dry_run_param()},
     tags=["pin", "postgres-maintenance", "news"],
     doc_md=__doc__,
+    # SLA: deadline_missed alert when a run is late; tune with Variable <dag_id>_deadline_seconds
+    deadline=deadline_alert("news_snapshot_detach_retry"),
 )
 def news_snapshot_detach_retry():
     # The run stops starting batches after max_run_duration_seconds (default 240 s); the

@@ -51,6 +51,7 @@ import pendulum
 from airflow.sdk import dag, task
 
 from include.pin_airflow.dag_support import DEFAULT_ARGS, config_params, dry_run_param
+from include.pin_airflow.deadlines import deadline_alert
 from include.pin_maintenance.jobs.activity_retention import CONFIG, JOB
 
 CONN_ID = "user_activity_db"
@@ -87,6 +88,8 @@ def _delete(table: str, plan: dict[str, Any], context: dict[str, Any]) -> dict[s
     params={**config_params(CONFIG), "dry_run": dry_run_param()},
     tags=["pin", "postgres-maintenance", "user-activity"],
     doc_md=__doc__,
+    # SLA: deadline_missed alert when a run is late; tune with Variable <dag_id>_deadline_seconds
+    deadline=deadline_alert("user_activity_retention"),
 )
 def user_activity_retention() -> None:
     @task(execution_timeout=PREPARE_TIMEOUT)

@@ -1,10 +1,7 @@
-"""Alert delivery for Airflow callbacks, and the ``task_failed`` failure callback.
+"""The ``task_failed`` failure callback (every DAG's ``DEFAULT_ARGS``).
 
-:class:`WebhookNotifier` is ``runtime.Notifier`` with a stricter webhook delivery (see its
-docstring); the deadline and task-failure callbacks use it. Wire the failure callback into
-every DAG through ``dag_support.DEFAULT_ARGS``::
-
-    "on_failure_callback": on_task_failed,
+Alerts go through the one notifier, ``runtime.Notifier``, like the jobs' own alerts and the
+deadline callback.
 
 Airflow calls ``on_failure_callback`` once a task instance has failed for good, i.e. after its
 retries are used up (a failed try that will be retried calls ``on_retry_callback`` instead),
@@ -17,63 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from include.pin_airflow.runtime import ALERTS_WEBHOOK_CONN_ID, Notifier
 from include.pin_maintenance.telemetry import Alert, Severity
 
 TASK_FAILED_SEVERITY: Severity = "critical"
-WEBHOOK_CONNECT_TIMEOUT_SECONDS = 3
-WEBHOOK_READ_TIMEOUT_SECONDS = 5
-
-
-class WebhookRejectedError(Exception):
-    """The webhook answered with a status other than 2xx."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"status {status}")
-        self.status = status
-
-
-class WebhookNotifier(Notifier):
-    """``runtime.Notifier`` whose webhook POST never puts the webhook URL or body in a log.
-
-    ``runtime.Notifier`` posts with ``HttpHook.run``, which on a connection error logs the
-    exception text (host, port and path of the webhook: for Slack/Teams-style webhooks the path
-    is the secret) at WARNING, and on a non-2xx answer logs the response body at ERROR. Here the
-    connection is resolved by ``HttpHook.get_conn`` (auth, headers and options from the
-    ``alerts_webhook`` connection, as before) and the POST is sent on that session directly:
-    connect/read timeouts, no redirects, and a failure is logged as one line with the error
-    class (and HTTP status) only. A missing connection means "log line only", as before; any
-    other lookup failure is now reported as a delivery failure instead of passing silently.
-    """
-
-    def _post(self, body: dict[str, Any]) -> None:
-        try:
-            from airflow.providers.http.hooks.http import HttpHook
-            from airflow.sdk.exceptions import AirflowNotFoundException
-
-            hook = HttpHook(method="POST", http_conn_id=ALERTS_WEBHOOK_CONN_ID)
-            try:
-                session = hook.get_conn(headers={"Content-Type": "application/json"})
-            except AirflowNotFoundException:  # no webhook configured: the log line is the alert
-                return
-            with session:
-                response = session.post(
-                    hook.url_from_endpoint(None),
-                    json=body,
-                    timeout=(WEBHOOK_CONNECT_TIMEOUT_SECONDS, WEBHOOK_READ_TIMEOUT_SECONDS),
-                    allow_redirects=False,
-                )
-            if not 200 <= response.status_code < 300:
-                raise WebhookRejectedError(response.status_code)
-        except Exception as exc:  # delivery must never fail the job
-            self.logger.warning(
-                "PIN_ALERT_DELIVERY_FAILED alert=%s error=%s%s",
-                body["alert"],
-                type(exc).__name__,
-                f" status={exc.status}" if isinstance(exc, WebhookRejectedError) else "",
-            )
-
-
 MAX_ERROR_CHARS = 300  # one readable line; the task log has the traceback
 
 
@@ -114,8 +57,10 @@ def task_failed_alert(context: Mapping[str, Any]) -> tuple[str, str, Alert]:
 
 def on_task_failed(context: Mapping[str, Any]) -> None:
     """``on_failure_callback``: one ``task_failed`` alert (log line + webhook)."""
+    from include.pin_airflow.runtime import Notifier  # task time only: keeps parsing light
+
     dag_id, run_id, alert = task_failed_alert(context)
-    WebhookNotifier(dag_id, run_id).send(alert)
+    Notifier(dag_id, run_id).send(alert)
 
 
 def _safe_attr(obj: Any, name: str) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pendulum
 
+from include.pin_airflow.alerts import on_task_failed
 from include.pin_maintenance.config import ConfigSpec, Setting
 
 START_DATE = pendulum.datetime(2026, 1, 1, tz="UTC")
@@ -20,6 +21,8 @@ DEFAULT_ARGS: dict[str, Any] = {
     "owner": "pin-platform",
     "retries": 1,
     "retry_delay": timedelta(seconds=30),
+    # one task_failed alert once the retries are used up (include/pin_airflow/alerts.py)
+    "on_failure_callback": on_task_failed,
 }
 
 

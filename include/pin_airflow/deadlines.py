@@ -233,9 +233,9 @@ def on_deadline_missed(
     context: dict[str, Any], variable: str = "", default_seconds: int = 0, **_: Any
 ) -> None:
     """The deadline callback (a ``SyncCallback``, run by the executor's callback supervisor)."""
-    from include.pin_airflow.alerts import WebhookNotifier
+    from include.pin_airflow.runtime import Notifier
 
     dag_id, run_id, alert = deadline_missed_alert(
         context, variable=variable, default_seconds=default_seconds
     )
-    WebhookNotifier(dag_id, run_id).send(alert)
+    Notifier(dag_id, run_id).send(alert)

@@ -17,7 +17,8 @@ from include.pin_maintenance.telemetry import Alert, JobLog, Telemetry
 log = logging.getLogger(__name__)
 
 ALERTS_WEBHOOK_CONN_ID = "alerts_webhook"
-ALERTS_WEBHOOK_TIMEOUT_SECONDS = 5
+WEBHOOK_CONNECT_TIMEOUT_SECONDS = 3
+WEBHOOK_READ_TIMEOUT_SECONDS = 5
 
 
 def postgres_connect(conn_id: str, settings: SessionSettings) -> Connect:
@@ -74,11 +75,23 @@ class StatsMetrics:
         self._stats.timing(name, value)
 
 
+class WebhookRejectedError(Exception):
+    """The webhook answered with a status other than 2xx."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"status {status}")
+        self.status = status
+
+
 class Notifier:
     """Every alert: one greppable log line, then (optionally) a JSON POST to ``alerts_webhook``.
 
-    Deduplicated within the process (one task run); a failing or slow webhook is logged and
-    never fails the job (bounded by ``ALERTS_WEBHOOK_TIMEOUT_SECONDS``).
+    Deduplicated within the process (one task run). Delivery is bounded by connect/read
+    timeouts and never fails the job; a failure is logged as one line with the error class
+    (and HTTP status) only. The POST goes through the session ``HttpHook.get_conn`` builds (auth,
+    headers and options from the connection), not ``HttpHook.run``: that one logs the exception
+    text (the webhook's host and path; for Slack/Teams-style webhooks the path is the secret)
+    and the response body. A missing connection means "log line only".
     """
 
     def __init__(self, dag_id: str, run_id: str, logger: logging.Logger | None = None) -> None:
@@ -110,21 +123,28 @@ class Notifier:
     def _post(self, body: dict[str, Any]) -> None:
         try:
             from airflow.providers.http.hooks.http import HttpHook
-            from airflow.sdk import BaseHook
+            from airflow.sdk.exceptions import AirflowNotFoundException
 
+            hook = HttpHook(method="POST", http_conn_id=ALERTS_WEBHOOK_CONN_ID)
             try:
-                BaseHook.get_connection(ALERTS_WEBHOOK_CONN_ID)
-            except Exception:  # no webhook configured: the log line is the alert
+                session = hook.get_conn(headers={"Content-Type": "application/json"})
+            except AirflowNotFoundException:  # no webhook configured: the log line is the alert
                 return
-            HttpHook(method="POST", http_conn_id=ALERTS_WEBHOOK_CONN_ID).run(
-                endpoint=None,
-                json=body,
-                headers={"Content-Type": "application/json"},
-                extra_options={"timeout": ALERTS_WEBHOOK_TIMEOUT_SECONDS},
-            )
+            with session:
+                response = session.post(
+                    hook.url_from_endpoint(None),
+                    json=body,
+                    timeout=(WEBHOOK_CONNECT_TIMEOUT_SECONDS, WEBHOOK_READ_TIMEOUT_SECONDS),
+                    allow_redirects=False,
+                )
+            if not 200 <= response.status_code < 300:
+                raise WebhookRejectedError(response.status_code)
         except Exception as exc:  # delivery must never fail the job
             self.logger.warning(
-                "PIN_ALERT_DELIVERY_FAILED alert=%s error=%s", body["alert"], type(exc).__name__
+                "PIN_ALERT_DELIVERY_FAILED alert=%s error=%s%s",
+                body["alert"],
+                type(exc).__name__,
+                f" status={exc.status}" if isinstance(exc, WebhookRejectedError) else "",
             )
 
 

@@ -1,4 +1,4 @@
-"""The notifiers against a real loopback webhook: runtime.Notifier and alerts.WebhookNotifier.
+"""The notifier (runtime.Notifier) against a real loopback webhook.
 
 DESIGN section 4: one greppable WARNING/ERROR line per alert, a JSON POST of
 {"alert","severity","dag_id","run_id","summary","details"} to the http connection
@@ -14,8 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from include.pin_airflow import alerts, runtime
-from include.pin_airflow.alerts import WebhookNotifier
+from include.pin_airflow import runtime
 from include.pin_airflow.runtime import Notifier
 from include.pin_maintenance.telemetry import Alert
 from tests.e2e.deadline_helpers import RecordingWebhook, free_port
@@ -51,7 +50,7 @@ def records() -> Iterator[Records]:
     logger.removeHandler(handler)
 
 
-@pytest.fixture(params=[Notifier, WebhookNotifier], ids=["runtime.Notifier", "WebhookNotifier"])
+@pytest.fixture(params=[Notifier], ids=["runtime.Notifier"])
 def notifier_class(request) -> type[Notifier]:
     return request.param
 
@@ -146,8 +145,7 @@ def test_unreachable_webhook_is_logged_not_raised(monkeypatch, records, notifier
 
 
 def test_slow_webhook_is_cut_off_by_the_timeout(monkeypatch, records, notifier) -> None:
-    monkeypatch.setattr(runtime, "ALERTS_WEBHOOK_TIMEOUT_SECONDS", 0.3)
-    monkeypatch.setattr(alerts, "WEBHOOK_READ_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(runtime, "WEBHOOK_READ_TIMEOUT_SECONDS", 0.3)
     with RecordingWebhook(delay=1.5) as hook:
         use_webhook(monkeypatch, hook.url)
         notifier().send(QUARANTINE)
@@ -156,18 +154,18 @@ def test_slow_webhook_is_cut_off_by_the_timeout(monkeypatch, records, notifier) 
 
 
 @pytest.mark.parametrize("status", [None, 500])
-def test_webhook_notifier_logs_no_url_or_body_anywhere(monkeypatch, caplog, status) -> None:
+def test_notifier_logs_no_url_or_body_anywhere(monkeypatch, caplog, status) -> None:
     """Slack/Teams-style webhooks carry their secret in the path: it must not reach a log."""
     secret_path = "/services/T0/B0/s3cretT0ken"
     caplog.set_level(logging.INFO)  # the level tasks log at (urllib3 shows paths at DEBUG)
     logger = logging.getLogger("test_alerts_notifier_root")
     if status is None:  # nothing listens: connection refused
         use_webhook(monkeypatch, f"http://127.0.0.1:{free_port()}{secret_path}")
-        WebhookNotifier("d", "r", logger).send(QUARANTINE)
+        Notifier("d", "r", logger).send(QUARANTINE)
     else:
         with RecordingWebhook(status=status) as hook:
             use_webhook(monkeypatch, hook.url.replace("/alerts", secret_path))
-            WebhookNotifier("d", "r", logger).send(QUARANTINE)
+            Notifier("d", "r", logger).send(QUARANTINE)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert "PIN_ALERT_DELIVERY_FAILED" in text
     assert "s3cretT0ken" not in text
