@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -30,7 +31,8 @@ from devtools.outbox_data import generate_outbox
 from devtools.selections_service import SelectionsService
 
 REPO = Path(__file__).resolve().parent.parent
-LOCAL = REPO / ".local"
+# Where the embedded server's data and the demo's Airflow home live (tests point it elsewhere).
+LOCAL = Path(os.environ.get("PIN_LOCAL_DIR", REPO / ".local"))
 DEMO_DB = "pin_demo"
 AIRFLOW_HOME = LOCAL / "airflow-demo"
 SEED_SQL = Path(__file__).resolve().parent / "sql"
@@ -143,6 +145,20 @@ JOBS = [
 ]
 
 
+def alerts_raised(output: str) -> str:
+    """``; alerts: name x N`` from the run's ``PIN_ALERT {json}`` log lines (deduplicated)."""
+    counts: dict[str, int] = {}
+    seen: set[str] = set()
+    for match in re.finditer(r"PIN_ALERT (\{.*\})", output):
+        payload = match.group(1)
+        if payload in seen:  # the same line can reach both stdout and the task log echo
+            continue
+        seen.add(payload)
+        name = json.loads(payload)["alert"]
+        counts[name] = counts.get(name, 0) + 1
+    return "".join(f"; alert {name} x{n}" for name, n in sorted(counts.items()))
+
+
 def seed(url: str, selections: SelectionsService) -> None:
     """Demo rows for every job; the selections service is scripted per outbox snapshot."""
     with psycopg.connect(url) as conn:
@@ -201,7 +217,8 @@ def main() -> int:
                 log = LOCAL / f"demo-{job.dag_id}.log"
                 log.write_text(done.stdout + done.stderr)
                 print(f"    FAILED (exit {done.returncode}); output in {log}")
-            report.append((job.dag_id, ok, elapsed, job.describe(before, after)))
+            text = job.describe(before, after) + alerts_raised(done.stdout + done.stderr)
+            report.append((job.dag_id, ok, elapsed, text))
 
     print("\n=== What each job did ===")
     for dag_id, ok, elapsed, text in report:
