@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 import psycopg
 
+from include.pin_maintenance import sql
+from include.pin_maintenance.telemetry import Alert
+
 Connect = Callable[[], psycopg.Connection]
 """A factory that opens a new (non-autocommit) psycopg 3 connection to the job's database."""
 
@@ -91,3 +94,47 @@ def advisory_lock(connect: Connect, name: str, ttl_seconds: float) -> Iterator[b
             log.warning("advisory lock %r was already released by the server: %s", name, exc)
         finally:
             conn.close()
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    pid: int
+    application_name: str
+    held_seconds: float
+
+
+def lock_holder(connect: Connect, name: str) -> LockHolder | None:
+    """The session holding advisory lock ``name`` and how long it has held it, if any."""
+    unsigned = lock_key(name) & 0xFFFF_FFFF_FFFF_FFFF
+    with connect() as conn:
+        row = conn.execute(
+            sql.load("locks/find_advisory_lock_holder"),
+            {"classid": unsigned >> 32, "objid": unsigned & 0xFFFF_FFFF},
+        ).fetchone()
+    return LockHolder(int(row[0]), str(row[1]), float(row[2])) if row else None
+
+
+def lock_held_too_long(
+    connect: Connect, name: str, limit_seconds: float, *, job: str
+) -> Alert | None:
+    """A ``lock_held_too_long`` alert when the lock we found busy has been held past the limit.
+
+    Called on the lock-busy path: a holder older than a whole bounded run is a stuck worker
+    (or a manual session) that keeps every scheduled run skipping.
+    """
+    holder = lock_holder(connect, name)
+    if holder is None or holder.held_seconds <= limit_seconds:
+        return None
+    return Alert(
+        "lock_held_too_long",
+        "warning",
+        f"{job}: lock {name!r} held for {holder.held_seconds:.0f}s by pid {holder.pid} "
+        f"({holder.application_name or 'no application_name'}); runs skip until it is released",
+        {
+            "lock": name,
+            "pid": holder.pid,
+            "application_name": holder.application_name,
+            "held_seconds": round(holder.held_seconds),
+            "limit_seconds": limit_seconds,
+        },
+    )

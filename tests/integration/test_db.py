@@ -12,6 +12,8 @@ from include.pin_maintenance.db import (
     advisory_lock,
     configure_session,
     configured,
+    lock_held_too_long,
+    lock_holder,
     lock_key,
 )
 
@@ -87,3 +89,36 @@ def test_lock_does_not_leak_into_a_reused_connection(db):
         assert held == 0
     finally:
         conn.close()
+
+
+def test_lock_holder_names_the_holding_session_and_its_age(db):
+    assert lock_holder(db.connect, "job:h") is None
+    with advisory_lock(db.connect, "job:h", ttl_seconds=30) as got:
+        assert got
+        with db.connect() as conn:  # the holder is the lock's own connection, not this one
+            mine = conn.info.backend_pid
+        holder = lock_holder(db.connect, "job:h")
+        assert holder is not None
+        assert holder.pid != mine
+        assert 0 <= holder.held_seconds < 60
+        assert lock_holder(db.connect, "job:other") is None
+    assert lock_holder(db.connect, "job:h") is None
+
+
+def test_lock_held_too_long_alerts_only_past_the_limit(db):
+    with advisory_lock(db.connect, "job:stuck", ttl_seconds=30):
+        time.sleep(0.3)
+        assert lock_held_too_long(db.connect, "job:stuck", 60, job="j") is None
+        alert = lock_held_too_long(db.connect, "job:stuck", 0.1, job="j")
+    assert alert is not None
+    assert alert.name == "lock_held_too_long"
+    assert alert.details["lock"] == "job:stuck"
+    assert alert.details["held_seconds"] >= 0
+    assert alert.details["limit_seconds"] == 0.1
+
+
+def test_lock_holder_finds_a_session_level_lock_too(db):
+    with db.connect(autocommit=True) as other:
+        other.execute("select pg_advisory_lock(%s)", [lock_key("job:session")])
+        holder = lock_holder(db.connect, "job:session")
+        assert holder is not None and holder.pid == other.info.backend_pid

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -209,6 +210,27 @@ def test_busy_lock_skips_the_run_as_success(db, service):
     assert rows(db)[entry.snapshot_id].attempts == 0
     assert telemetry.metrics.counters[Metric.LOCK_CONTENTION] == 1
     assert Metric.LAST_SUCCESS in telemetry.metrics.gauges
+
+
+def test_lock_held_past_a_whole_run_raises_lock_held_too_long(db, service):
+    telemetry = make_telemetry()
+    with db.connect() as holder:
+        holder.execute("select pg_advisory_lock(%s)", (lock_key(LOCK_NAME),))
+        holder.commit()
+        time.sleep(1.2)  # longer than the run bound below: the holder is stuck, not running
+        result = run_job(db, service, telemetry=telemetry, cfg=config(max_run_duration_seconds=1))
+    assert not result.lock_acquired
+    [alert] = [a for a in telemetry.alerts.sent if a.name == "lock_held_too_long"]
+    assert alert.details["lock"] == LOCK_NAME
+    assert alert.details["held_seconds"] >= 1
+
+
+def test_busy_lock_within_a_run_bound_raises_no_alert(db, service):
+    telemetry = make_telemetry()
+    with db.connect() as holder:
+        holder.execute("select pg_advisory_lock(%s)", (lock_key(LOCK_NAME),))
+        run_job(db, service, telemetry=telemetry)  # default bound 240 s
+    assert [a.name for a in telemetry.alerts.sent] == []
 
 
 @pytest.mark.parametrize("same_lock", [True, False], ids=["same_lock", "lock_bypassed"])

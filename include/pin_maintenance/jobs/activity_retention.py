@@ -70,7 +70,13 @@ import psycopg
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError, ConfigSpec, Setting
-from include.pin_maintenance.db import Connect, SessionSettings, advisory_lock, configured
+from include.pin_maintenance.db import (
+    Connect,
+    SessionSettings,
+    advisory_lock,
+    configured,
+    lock_held_too_long,
+)
 from include.pin_maintenance.runloop import (
     JobCancelled,
     LoopLimits,
@@ -332,10 +338,20 @@ def delete_step(
     ttl = plan.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
     with advisory_lock(connect, lock_name, ttl) as held:
         if not held:
-            telemetry.metrics.incr("activity_retention_lock_contention_total")
-            telemetry.log.warning("lock_skip", lock=lock_name, table=table)
+            _lock_busy(connect, lock_name, plan, telemetry, table)
             return StepResult(table=table, lock_skipped=True)
         return _walk(connect, plan, table, telemetry, stop)
+
+
+def _lock_busy(
+    connect: Connect, lock_name: str, plan: RunPlan, telemetry: Telemetry, table: str
+) -> None:
+    """Lock skip: warning log, contention metric, and an alert if the holder is stuck."""
+    telemetry.metrics.incr("activity_retention_lock_contention_total")
+    telemetry.log.warning("lock_skip", lock=lock_name, table=table)
+    alert = lock_held_too_long(connect, lock_name, plan.max_run_duration_seconds, job=JOB)
+    if alert:
+        telemetry.alerts.send(alert)
 
 
 def _walk(
@@ -529,8 +545,7 @@ def run(
     ttl = plan.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
     with advisory_lock(connect, LOCK_NAME, ttl) as held:
         if not held:
-            telemetry.metrics.incr("activity_retention_lock_contention_total")
-            telemetry.log.warning("lock_skip", lock=LOCK_NAME, table="all")
+            _lock_busy(connect, LOCK_NAME, plan, telemetry, "all")
             steps = [StepResult(table=t, lock_skipped=True) for t in TABLES]
         else:
             steps = [delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES]

@@ -70,7 +70,7 @@ import psycopg
 from include.pin_maintenance import sql
 from include.pin_maintenance.backoff import Backoff
 from include.pin_maintenance.config import ConfigSpec, Rule, Setting
-from include.pin_maintenance.db import Connect, advisory_lock
+from include.pin_maintenance.db import Connect, advisory_lock, lock_held_too_long
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome, DetachClient
 from include.pin_maintenance.runloop import (
     JobCancelled,
@@ -421,6 +421,9 @@ class _Run:
                 self.result.lock_acquired = False
                 self.t.metrics.incr(Metric.LOCK_CONTENTION)
                 self.log.info("job_skipped", reason="lock_busy", lock=self.lock_name)
+                limit = self.cfg["max_run_duration_seconds"]
+                if alert := lock_held_too_long(self.connect, self.lock_name, limit, job=JOB):
+                    self.t.alerts.send(alert)
                 return self._finish(started, success=True, gauges=False)
             cancelled = self._run_batches()
         self._finish(started, success=not cancelled and not self.result.auth_failed)
