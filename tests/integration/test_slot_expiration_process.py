@@ -39,7 +39,7 @@ def slots_db(db: Database) -> Database:
 
 def start_cli(db: Database, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", se.__name__, "--dsn", db.url, "--run-id", "proc-test", *args],
+        [sys.executable, "-m", se.__name__, "--db-url", db.url, "--run-id", "proc-test", *args],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
@@ -53,7 +53,7 @@ def test_sigkill_mid_batch_leaves_no_slot_half_updated_and_the_next_run_finishes
 ):
     ids = insert_due(slots_db, 30)
     with gate(slots_db, ids[19]) as release:  # last row of the second batch
-        proc = start_cli(slots_db, "--batch-size", "10")
+        proc = start_cli(slots_db, "--config", '{"batch_size": 10}')
         wait_at_gate(slots_db, APP)
         (backend,) = backend_pids(slots_db, APP)
         proc.kill()
@@ -65,7 +65,7 @@ def test_sigkill_mid_batch_leaves_no_slot_half_updated_and_the_next_run_finishes
     assert [state[i][:2] for i in ids] == [("Expired", 2)] * 10 + [("Available", 1)] * 20
     assert lock_all_nowait(slots_db) == 30
 
-    done = start_cli(slots_db, "--batch-size", "10")
+    done = start_cli(slots_db, "--config", '{"batch_size": 10}')
     out, err = done.communicate(timeout=60)
 
     assert done.returncode == 0, err
@@ -76,7 +76,7 @@ def test_sigkill_mid_batch_leaves_no_slot_half_updated_and_the_next_run_finishes
 def test_sigterm_mid_batch_commits_the_batch_in_hand_then_stops(slots_db: Database):
     ids = insert_due(slots_db, 30)
     with gate(slots_db, ids[4]) as release:
-        proc = start_cli(slots_db, "--batch-size", "10")
+        proc = start_cli(slots_db, "--config", '{"batch_size": 10}')
         wait_at_gate(slots_db, APP)
         proc.send_signal(signal.SIGTERM)
         release()
@@ -92,7 +92,7 @@ def test_sigterm_mid_batch_commits_the_batch_in_hand_then_stops(slots_db: Databa
 def test_invalid_config_fails_before_any_write_naming_the_key(slots_db: Database):
     insert_due(slots_db, 5)
 
-    proc = start_cli(slots_db, "--batch-size", "10001")
+    proc = start_cli(slots_db, "--config", '{"batch_size": 10001}')
     _, err = proc.communicate(timeout=60)
 
     assert proc.returncode == 2

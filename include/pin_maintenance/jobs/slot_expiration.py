@@ -485,32 +485,27 @@ def _ms(seconds: float) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: one cycle against ``--dsn``; prints the result as JSON.
+    """CLI: one cycle against ``--db-url``; prints the result as JSON.
 
     Exit codes: 0 done, 2 invalid config (nothing written), 3 cancelled by SIGTERM after a
     clean stop, 1 database failure.
     """
     parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__)
-    parser.add_argument("--dsn", required=True, help="libpq URL of the calendar database")
-    parser.add_argument("--batch-size", type=int)
-    parser.add_argument("--max-run-duration-seconds", type=float)
+    parser.add_argument("--db-url", required=True, help="libpq URL of the calendar database")
+    parser.add_argument("--config", help='JSON object of config keys, e.g. {"batch_size": 100}')
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--run-id", default=f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
-    params = {
-        "batch_size": args.batch_size,
-        "max_run_duration_seconds": args.max_run_duration_seconds,
-    }
     log = JobLog(JOB, args.run_id)
     try:
-        config = CONFIG.resolve(None, params)
+        config = CONFIG.resolve(args.config)
     except ConfigError as exc:
         log.error("config_invalid", error=str(exc))
         return 2
     telemetry = Telemetry(log=log, metrics=RecordingMetrics(), alerts=LogOnlyAlerts(log))
-    connect = configured(lambda: psycopg.connect(args.dsn), SESSION)
+    connect = configured(lambda: psycopg.connect(args.db_url), SESSION)
     stop = StopSignal()
     try:
         with stop.on_sigterm():
