@@ -186,6 +186,7 @@ class AirflowStack:
     home: Path
     run_dir: Path
     admin_url: str
+    job_admin_url: str | None = None  # the job tables' server, when not the metadata's
     meta_db: str = META_DB
     job_db: str = JOB_DB
     port: int = DEFAULT_PORT
@@ -215,7 +216,7 @@ class AirflowStack:
 
     @property
     def job_url(self) -> str:
-        return pg.with_database(self.admin_url, self.job_db)
+        return pg.with_database(self.job_admin_url or self.admin_url, self.job_db)
 
     @property
     def pid_file(self) -> Path:
@@ -229,12 +230,16 @@ class AirflowStack:
 
     def ensure_databases(self, *, meta_template: str | None = None) -> None:
         """Create the metadata and job databases when missing (never drops data)."""
-        with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            existing = {r[0] for r in conn.execute("select datname from pg_database")}
-        if self.meta_db not in existing:
-            pg.create_database(self.admin_url, self.meta_db, template=meta_template, drop=False)
-        if self.job_db not in existing:
-            pg.create_database(self.admin_url, self.job_db, drop=False)
+        for server, name, template in (
+            (self.admin_url, self.meta_db, meta_template),
+            (self.job_admin_url or self.admin_url, self.job_db, None),
+        ):
+            with psycopg.connect(server, autocommit=True) as conn:
+                exists = conn.execute(
+                    "select 1 from pg_database where datname = %s", (name,)
+                ).fetchone()
+            if not exists:
+                pg.create_database(server, name, template=template, drop=False)
         with psycopg.connect(self.job_url) as conn:
             has_schema = conn.execute(
                 "select to_regclass('news.snapshot_detach_outbox') is not null"
