@@ -370,7 +370,11 @@ class AirflowStack:
         )
         self._webhook_url = f"http://127.0.0.1:{sink_port}"
         wait_for(lambda: _http_ok(self._webhook_url), timeout=30, what="webhook sink")
-        if self.start_selections and find_spec("devtools.selections_service") is not None:
+        if (
+            self.selections_url is None  # not given by the caller (the e2e tests run their own)
+            and self.start_selections
+            and find_spec("devtools.selections_service") is not None
+        ):
             sel_port = free_port()
             self.spawn(
                 "selections-service",

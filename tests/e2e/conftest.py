@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.stack_fixtures import airflow_e2e, e2e_job_server
+from tests.e2e.stack_fixtures import airflow_e2e, e2e_job_server, e2e_selections
 
-__all__ = ["airflow_e2e", "e2e_job_server"]
+__all__ = ["airflow_e2e", "e2e_job_server", "e2e_selections"]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

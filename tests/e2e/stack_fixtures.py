@@ -27,6 +27,7 @@ import pytest
 
 from devtools import pg
 from devtools.local_airflow import AirflowStack, free_port, wait_for
+from devtools.selections_service import SelectionsService
 from tests.e2e.probe import STATE_DIR_ENV, read_events
 
 E2E_DAGS = Path(__file__).resolve().parent / "dags"
@@ -81,6 +82,7 @@ class E2EAirflow:
     stack: AirflowStack
     state_dir: Path
     job_server: JobServer | None
+    selections: SelectionsService | None = None
     _token: str | None = None
     _client: httpx.Client | None = field(default=None, repr=False)
 
@@ -158,6 +160,15 @@ class E2EAirflow:
 
         return wait_for(finished, timeout=timeout, interval=1, what=f"{dag_id} {run_id}")  # type: ignore[return-value]
 
+    def xcom(self, dag_id: str, run_id: str, task_id: str, key: str = "return_value") -> Any:
+        r = self.api.get(
+            f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}",
+            params={"deserialize": True},
+        )
+        assert r.status_code == 200, r.text
+        value = r.json()["value"]
+        return json.loads(value) if isinstance(value, str) else value
+
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
         r = self.api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
         assert r.status_code == 200, r.text
@@ -197,6 +208,7 @@ def start_e2e(
     meta_admin_url: str,
     job_server: JobServer | None,
     job_admin_url: str,
+    selections: SelectionsService | None = None,
     executor: str = "LocalExecutor",
     broker_url: str | None = None,
     name: str = "e2e",
@@ -220,9 +232,10 @@ def start_e2e(
         bundles={"e2e-test-dags": E2E_DAGS},
         extra_env={STATE_DIR_ENV: str(state_dir), **(extra_env or {})},
         paused_at_creation=True,
+        selections_url=selections.url if selections else None,
     )
     stack.start()
-    return E2EAirflow(stack, state_dir, job_server)
+    return E2EAirflow(stack, state_dir, job_server, selections)
 
 
 def stop_e2e(e2e: E2EAirflow) -> list[str]:
@@ -252,8 +265,18 @@ def e2e_job_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobServ
 
 
 @pytest.fixture(scope="session")
+def e2e_selections() -> Iterator[SelectionsService]:
+    """The selections service the detach DAG calls (in this process: tests read its calls)."""
+    with SelectionsService() as service:
+        yield service
+
+
+@pytest.fixture(scope="session")
 def airflow_e2e(
-    tmp_path_factory: pytest.TempPathFactory, pg_admin_url: str, e2e_job_server: JobServer
+    tmp_path_factory: pytest.TempPathFactory,
+    pg_admin_url: str,
+    e2e_job_server: JobServer,
+    e2e_selections: SelectionsService,
 ) -> Iterator[E2EAirflow]:
     """One LocalExecutor Airflow for the whole e2e session (about 30-60 s to start)."""
     tmp = tmp_path_factory.mktemp("e2e-local")
@@ -262,6 +285,7 @@ def airflow_e2e(
         meta_admin_url=pg_admin_url,
         job_server=e2e_job_server,
         job_admin_url=e2e_job_server.admin_url,
+        selections=e2e_selections,
     )
     try:
         yield e2e
