@@ -192,6 +192,7 @@ class AirflowStack:
     port: int = DEFAULT_PORT
     executor: str = "LocalExecutor"
     broker_url: str | None = None
+    redis_server: str | None = None  # path of redis-server: start a broker on loopback
     celery_workers: int = 2
     bundles: Mapping[str, Path] = field(default_factory=dict)
     variables: Mapping[str, object] = field(default_factory=dict)
@@ -352,7 +353,28 @@ class AirflowStack:
         return [str(VENV_BIN / "airflow"), *args]
 
     def start_services(self) -> None:
-        """The webhook sink and (when importable) the selections service."""
+        """The webhook sink, the selections service (when importable), a Redis broker."""
+        if self.executor == "CeleryExecutor" and self.broker_url is None and self.redis_server:
+            redis_port = free_port()
+            self.spawn(
+                "redis",
+                [
+                    self.redis_server,
+                    "--bind",
+                    "127.0.0.1",
+                    "--port",
+                    str(redis_port),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.run_dir),
+                ],
+                env=_plain_env(),
+            )
+            wait_for(lambda: _port_open(redis_port), timeout=30, what="redis-server")
+            self.broker_url = f"redis://127.0.0.1:{redis_port}/0"
         self.webhook_log = self.run_dir / "webhook.jsonl"
         sink_port = free_port()
         self.spawn(

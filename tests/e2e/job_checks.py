@@ -36,11 +36,13 @@ def _ts(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def quiet_window(e2e: E2EAirflow, dag_id: str, need: timedelta = timedelta(seconds=150)) -> None:
+def quiet_window(e2e: E2EAirflow, dag_id: str, need: timedelta = timedelta(seconds=100)) -> None:
     """Unpause ``dag_id``; return once no run is active and its next tick is ``need`` away."""
     dag = e2e.wait_dag(dag_id)
     if dag.get("is_paused"):
         e2e.set_paused(dag_id, False)
+    if not e2e.scheduled_runs:
+        return
 
     def quiet() -> bool:
         e2e.stack.check_alive()

@@ -83,6 +83,7 @@ class E2EAirflow:
     state_dir: Path
     job_server: JobServer | None
     selections: SelectionsService | None = None
+    scheduled_runs: bool = True  # False: [scheduler] use_job_schedule is off (manual runs only)
     _token: str | None = None
     _client: httpx.Client | None = field(default=None, repr=False)
 
@@ -210,7 +211,8 @@ def start_e2e(
     job_admin_url: str,
     selections: SelectionsService | None = None,
     executor: str = "LocalExecutor",
-    broker_url: str | None = None,
+    redis_server: str | None = None,
+    scheduled_runs: bool = True,
     name: str = "e2e",
     extra_env: dict[str, str] | None = None,
 ) -> E2EAirflow:
@@ -228,14 +230,18 @@ def start_e2e(
         job_db=job_db,
         port=free_port(),
         executor=executor,
-        broker_url=broker_url,
+        redis_server=redis_server,
         bundles={"e2e-test-dags": E2E_DAGS},
-        extra_env={STATE_DIR_ENV: str(state_dir), **(extra_env or {})},
+        extra_env={
+            STATE_DIR_ENV: str(state_dir),
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(scheduled_runs),
+            **(extra_env or {}),
+        },
         paused_at_creation=True,
         selections_url=selections.url if selections else None,
     )
     stack.start()
-    return E2EAirflow(stack, state_dir, job_server, selections)
+    return E2EAirflow(stack, state_dir, job_server, selections, scheduled_runs)
 
 
 def stop_e2e(e2e: E2EAirflow) -> list[str]:
