@@ -7,13 +7,15 @@ both the run (state, conf, the task's result) and the tables.
 The shipped DAGs keep their contract schedules (``*/5 * * * *``; retention nightly). Unpausing
 one makes the scheduler run its latest tick at once (``catchup=False``), and a later tick may
 fall inside a scenario. :func:`quiet_window` therefore waits, before seeding, until no run is
-in flight and the next scheduled tick is far enough away, so every change seen in the tables
-belongs to the runs the scenario triggered.
+in flight and the next scheduled tick is a little way off; should a scheduled run still land
+inside a scenario (a slow machine) and break its checks, :func:`scenario` runs it once more
+right after that tick, so every change checked belongs to the runs the scenario triggered.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from devtools.local_airflow import wait_for
@@ -36,7 +38,7 @@ def _ts(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def quiet_window(e2e: E2EAirflow, dag_id: str, need: timedelta = timedelta(seconds=100)) -> None:
+def quiet_window(e2e: E2EAirflow, dag_id: str, need: timedelta = timedelta(seconds=45)) -> None:
     """Unpause ``dag_id``; return once no run is active and its next tick is ``need`` away."""
     dag = e2e.wait_dag(dag_id)
     if dag.get("is_paused"):
@@ -53,6 +55,26 @@ def quiet_window(e2e: E2EAirflow, dag_id: str, need: timedelta = timedelta(secon
         return run_after is None or run_after - datetime.now(UTC) > need
 
     wait_for(quiet, timeout=600, interval=2, what=f"a quiet scheduling window for {dag_id}")
+
+
+def _scheduled_since(e2e: E2EAirflow, dag_id: str, since: datetime) -> bool:
+    return any(
+        r["run_type"] == "scheduled" and (_ts(r.get("run_after")) or since) >= since
+        for r in e2e.runs(dag_id)
+    )
+
+
+def scenario(e2e: E2EAirflow, dag_id: str, body: Callable[[], None]) -> None:
+    """``body`` in a quiet window; once more if a scheduled run landed inside and it failed."""
+    for attempt in (1, 2):
+        quiet_window(e2e, dag_id)
+        started = datetime.now(UTC)
+        try:
+            body()
+            return
+        except AssertionError:
+            if attempt == 2 or not _scheduled_since(e2e, dag_id, started):
+                raise
 
 
 def trigger(e2e: E2EAirflow, dag_id: str, conf: dict, via: str) -> str:
@@ -84,48 +106,50 @@ def assert_rejected(e2e: E2EAirflow, dag_id: str, conf: dict) -> None:
 
 
 def check_slot_expiration(e2e: E2EAirflow, *, dry_run_via: str = "cli", via: str = "api") -> None:
-    quiet_window(e2e, SLOTS)
-    now = datetime.now(UTC)
-    with e2e.job_conn() as conn:
-        conn.execute("delete from calendar.availability_slots")
-        insert_slots(
-            conn,
-            status="Available",
-            count=30,
-            first_start=now - timedelta(days=2),
-            last_start=now - timedelta(minutes=5),
-        )
-        insert_slots(
-            conn,
-            status="Available",
-            count=5,
-            first_start=now + timedelta(days=1),
-            last_start=now + timedelta(days=2),
-        )
-        insert_slots(
-            conn,
-            status="Booked",
-            count=4,
-            first_start=now - timedelta(days=1),
-            last_start=now - timedelta(hours=1),
-        )
+    def body() -> None:
+        now = datetime.now(UTC)
+        with e2e.job_conn() as conn:
+            conn.execute("delete from calendar.availability_slots")
+            insert_slots(
+                conn,
+                status="Available",
+                count=30,
+                first_start=now - timedelta(days=2),
+                last_start=now - timedelta(minutes=5),
+            )
+            insert_slots(
+                conn,
+                status="Available",
+                count=5,
+                first_start=now + timedelta(days=1),
+                last_start=now + timedelta(days=2),
+            )
+            insert_slots(
+                conn,
+                status="Booked",
+                count=4,
+                first_start=now - timedelta(days=1),
+                last_start=now - timedelta(hours=1),
+            )
 
-    dry = trigger(e2e, SLOTS, {"dry_run": True, "batch_size": 7}, dry_run_via)
-    assert _slot_counts(e2e) == {"Available": 35, "Booked": 4}, "a dry run changed slots"
-    assert e2e.xcom(SLOTS, dry, "expire_slots")["ExpiredCount"] == 0
+        dry = trigger(e2e, SLOTS, {"dry_run": True, "batch_size": 7}, dry_run_via)
+        assert _slot_counts(e2e) == {"Available": 35, "Booked": 4}, "a dry run changed slots"
+        assert e2e.xcom(SLOTS, dry, "expire_slots")["ExpiredCount"] == 0
 
-    run_id = trigger(e2e, SLOTS, {"batch_size": 7}, via)
+        run_id = trigger(e2e, SLOTS, {"batch_size": 7}, via)
 
-    assert _slot_counts(e2e) == {"Available": 5, "Booked": 4, "Expired": 30}
-    result = e2e.xcom(SLOTS, run_id, "expire_slots")
-    assert result["ExpiredCount"] == 30
-    assert result["Batches"] >= 5  # 30 rows in batches of 7: the param reached the job
-    with e2e.job_conn() as conn:
-        future_available = conn.execute(
-            "select count(*) from calendar.availability_slots"
-            " where status = 'Available' and start_at > now()"
-        ).fetchone()[0]
-    assert future_available == 5
+        assert _slot_counts(e2e) == {"Available": 5, "Booked": 4, "Expired": 30}
+        result = e2e.xcom(SLOTS, run_id, "expire_slots")
+        assert result["ExpiredCount"] == 30
+        assert result["Batches"] >= 5  # 30 rows in batches of 7: the param reached the job
+        with e2e.job_conn() as conn:
+            future_available = conn.execute(
+                "select count(*) from calendar.availability_slots"
+                " where status = 'Available' and start_at > now()"
+            ).fetchone()[0]
+        assert future_available == 5
+
+    scenario(e2e, SLOTS, body)
 
 
 def _slot_counts(e2e: E2EAirflow) -> dict[str, int]:
@@ -140,27 +164,29 @@ def _slot_counts(e2e: E2EAirflow) -> dict[str, int]:
 
 
 def check_retention(e2e: E2EAirflow, *, dry_run_via: str = "cli", via: str = "api") -> None:
-    quiet_window(e2e, RETENTION)
-    with e2e.job_conn() as conn:
-        _clear_user_activity(conn)
-        seeded = seed_sessions(conn, n_eligible=20, n_young=6, children_per_session=2)
-        conn.commit()
-    stats_before = _stats(e2e)
-    before = _activity_counts(e2e)
-    assert before == {"sessions": 26, "views": 52, "events": 52}
+    def body() -> None:
+        with e2e.job_conn() as conn:
+            _clear_user_activity(conn)
+            seeded = seed_sessions(conn, n_eligible=20, n_young=6, children_per_session=2)
+            conn.commit()
+        stats_before = _stats(e2e)
+        before = _activity_counts(e2e)
+        assert before == {"sessions": 26, "views": 52, "events": 52}
 
-    trigger(e2e, RETENTION, {"dry_run": True, "batch_size": 3}, dry_run_via)
-    assert _activity_counts(e2e) == before, "a dry run deleted rows"
+        trigger(e2e, RETENTION, {"dry_run": True, "batch_size": 3}, dry_run_via)
+        assert _activity_counts(e2e) == before, "a dry run deleted rows"
 
-    run_id = trigger(e2e, RETENTION, {"batch_size": 4, "retention_period_days": 365}, via)
+        run_id = trigger(e2e, RETENTION, {"batch_size": 4, "retention_period_days": 365}, via)
 
-    assert _activity_counts(e2e) == {"sessions": 6, "views": 12, "events": 12}
-    assert _stats(e2e) == stats_before  # property_object_view_stats is never touched
-    report = e2e.xcom(RETENTION, run_id, "report")
-    assert report["DeletedSessions"] == seeded.eligible_sessions
-    assert report["DeletedActionEvents"] == 40
-    assert report["DeletedPropertyObjectViews"] == 40
-    assert report["HasMore"] is False
+        assert _activity_counts(e2e) == {"sessions": 6, "views": 12, "events": 12}
+        assert _stats(e2e) == stats_before  # property_object_view_stats is never touched
+        report = e2e.xcom(RETENTION, run_id, "report")
+        assert report["DeletedSessions"] == seeded.eligible_sessions
+        assert report["DeletedActionEvents"] == 40
+        assert report["DeletedPropertyObjectViews"] == 40
+        assert report["HasMore"] is False
+
+    scenario(e2e, RETENTION, body)
 
 
 def _clear_user_activity(conn) -> None:
@@ -192,29 +218,31 @@ def _stats(e2e: E2EAirflow) -> list[tuple]:
 
 
 def check_detach_retry(e2e: E2EAirflow, *, dry_run_via: str = "cli", via: str = "api") -> None:
-    assert e2e.selections is not None
-    quiet_window(e2e, DETACH)
-    with e2e.job_conn() as conn:
-        conn.execute("delete from news.snapshot_detach_outbox")
-        conn.commit()
-        snapshots = generate_outbox(conn, 10)
-        not_due = generate_outbox(conn, 2, due_in=timedelta(hours=1))
-    calls_before = e2e.selections.call_counts()
+    def body() -> None:
+        assert e2e.selections is not None
+        with e2e.job_conn() as conn:
+            conn.execute("delete from news.snapshot_detach_outbox")
+            conn.commit()
+            snapshots = generate_outbox(conn, 10)
+            not_due = generate_outbox(conn, 2, due_in=timedelta(hours=1))
+        calls_before = e2e.selections.call_counts()
 
-    trigger(e2e, DETACH, {"dry_run": True, "batch_size": 3}, dry_run_via)
-    assert _outbox(e2e, snapshots) == {s: ("Pending", 0) for s in snapshots}
-    assert e2e.selections.call_counts() == calls_before, "a dry run called selections"
+        trigger(e2e, DETACH, {"dry_run": True, "batch_size": 3}, dry_run_via)
+        assert _outbox(e2e, snapshots) == {s: ("Pending", 0) for s in snapshots}
+        assert e2e.selections.call_counts() == calls_before, "a dry run called selections"
 
-    run_id = trigger(e2e, DETACH, {"batch_size": 3, "detach_concurrency": 2}, via)
+        run_id = trigger(e2e, DETACH, {"batch_size": 3, "detach_concurrency": 2}, via)
 
-    assert _outbox(e2e, snapshots) == {s: ("Done", 1) for s in snapshots}
-    assert _outbox(e2e, not_due) == {s: ("Pending", 0) for s in not_due}
-    for s in snapshots:
-        assert e2e.selections.call_count(s) == 1, s
-    for s in not_due:
-        assert e2e.selections.call_count(s) == 0, s
-    result = e2e.xcom(DETACH, run_id, "detach_pending_snapshots")
-    assert result, result
+        assert _outbox(e2e, snapshots) == {s: ("Done", 1) for s in snapshots}
+        assert _outbox(e2e, not_due) == {s: ("Pending", 0) for s in not_due}
+        for s in snapshots:
+            assert e2e.selections.call_count(s) == 1, s
+        for s in not_due:
+            assert e2e.selections.call_count(s) == 0, s
+        result = e2e.xcom(DETACH, run_id, "detach_pending_snapshots")
+        assert result, result
+
+    scenario(e2e, DETACH, body)
 
 
 def check_requeue(e2e: E2EAirflow, *, via: str = "api") -> None:
