@@ -102,7 +102,7 @@ def test_postgres_restart_during_a_detach_run(
     e2e = airflow_e2e
     svc = e2e.selections
     assert svc is not None
-    n_rows, batch = 300, 10
+    n_rows, batch = 150, 10
     jc.quiet_window(e2e, jc.DETACH, need=timedelta(seconds=30))
     with e2e.job_conn() as conn:
         conn.execute("delete from news.snapshot_detach_outbox")
@@ -114,13 +114,13 @@ def test_postgres_restart_during_a_detach_run(
         "backoff_base_seconds": 1,
         "backoff_cap_seconds": 5,
     }
-    svc.latency_ms = 100  # ~30 s of calls: room to restart in the middle
+    svc.latency_ms = 100  # ~15 s of calls: room to restart in the middle
     try:
         run_id = e2e.new_run_id("fault")
         r = e2e.trigger_api(jc.DETACH, conf, run_id)
         assert r.status_code == 200, r.text
         wait_for(
-            lambda: 30 <= _done(e2e) < n_rows - batch,
+            lambda: 20 <= _done(e2e) < n_rows - 2 * batch,
             timeout=300,
             interval=0.2,
             what="the detach run to be half way",
