@@ -105,6 +105,7 @@ class SelectionsService:
         self._scripts: dict[str, list[str]] = {}
         self._detached: set[str] = set()
         self.calls: list[Call] = []
+        self.connections_opened = 0  # TCP connections accepted (keep-alive reuse shows here)
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -283,6 +284,12 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "pin-selections-dev/1"
     timeout = 60  # idle kept-alive connections are closed after this
     server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        service = self.server.service
+        with service._lock:
+            service.connections_opened += 1
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # quiet: calls are recorded on the service
