@@ -121,15 +121,9 @@ class QueuedAtPlusTunableInterval(BaseDeadlineReference):
             default_seconds=int(reference_data["default_seconds"]),
         )
 
-    def interval_seconds(self) -> int:
+    def interval_seconds(self, session: Session | None = None) -> int:
         """Read the Variable now (scheduler side) and fall back to the default."""
-        from airflow.models.variable import Variable
-
-        try:
-            raw = Variable.get(self.variable, default_var=None)
-        except Exception:  # a broken secrets backend must not cost us the deadline
-            log.warning("deadline variable %s unreadable, using default", self.variable)
-            raw = None
+        raw = read_variable(self.variable, session)
         seconds, source = parse_interval_seconds(raw, self.default_seconds)
         if source != "variable" and raw is not None:
             log.warning(
@@ -151,7 +145,36 @@ class QueuedAtPlusTunableInterval(BaseDeadlineReference):
         )
         if queued_at is None:  # same as the builtin DAGRUN_QUEUED_AT: no deadline without it
             return None
-        return queued_at + timedelta(seconds=self.interval_seconds())
+        return queued_at + timedelta(seconds=self.interval_seconds(session))
+
+
+def read_variable(key: str, session: Session | None = None) -> str | None:
+    """The Variable's raw value from the secrets backends (env, custom, metadata DB), or None.
+
+    Not ``airflow.models.Variable.get``: that opens a ``provide_session`` session, which is the
+    *same* thread-scoped session the scheduler / ``airflow dags trigger`` is creating the DagRun
+    in, and closes it on the way out. The run object is then detached and run creation fails
+    with ``DetachedInstanceError`` (seen here with ``airflow dags trigger``). The metadata-DB
+    backend is therefore asked through the caller's session. A failing backend is skipped, like
+    Airflow does; the answer is never cached.
+    """
+    from airflow.configuration import ensure_secrets_loaded
+    from airflow.secrets.metastore import MetastoreBackend
+
+    for backend in ensure_secrets_loaded():
+        try:
+            if isinstance(backend, MetastoreBackend):
+                if session is None:
+                    continue
+                value = backend.get_variable(key, session=session)
+            else:
+                value = backend.get_variable(key)
+        except Exception:  # a broken backend must not cost us the deadline
+            log.warning("deadline variable %s: %s failed", key, type(backend).__name__)
+            continue
+        if value is not None:
+            return value
+    return None
 
 
 def deadline_alert(dag_id: str, default_seconds: int | None = None) -> DeadlineAlert:
@@ -210,9 +233,9 @@ def on_deadline_missed(
     context: dict[str, Any], variable: str = "", default_seconds: int = 0, **_: Any
 ) -> None:
     """The deadline callback (a ``SyncCallback``, run by the executor's callback supervisor)."""
-    from include.pin_airflow.runtime import Notifier
+    from include.pin_airflow.alerts import WebhookNotifier
 
     dag_id, run_id, alert = deadline_missed_alert(
         context, variable=variable, default_seconds=default_seconds
     )
-    Notifier(dag_id, run_id).send(alert)
+    WebhookNotifier(dag_id, run_id).send(alert)

@@ -1,0 +1,185 @@
+"""Deadline alerts under the real scheduler (not ``airflow dags test``).
+
+One scenario, in order (about a minute on 2 cores):
+
+1. run 1 of a fixture DAG whose task sleeps 15 s against a 5 s default deadline (no Variable):
+   exactly one ``deadline_missed`` alert reaches the loopback webhook, with the default interval;
+2. the DAG file is edited and re-parsed (a new DAG version) and the Variable
+   ``<dag_id>_deadline_seconds`` is set to 13; run 2 is triggered and the file is edited again
+   while it runs, re-serialized before run 2's deadline passes (apache/airflow#72471, #68732:
+   re-serialization used to drop deadline records): exactly one alert for run 2, with the
+   Variable's interval.
+
+Metadata DB: a database on the session's embedded Postgres (LocalExecutor needs Postgres).
+StatsD goes to a loopback UDP listener, to check the scheduler's ``dagrun.duration`` names that
+ops/statsd/mapping.yml maps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from devtools import pg
+from tests.e2e.deadline_helpers import (
+    LocalAirflow,
+    RecordingWebhook,
+    UdpListener,
+    local_airflow,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
+
+DAG_ID = "pin_fixture_deadline_e2e"
+RUN_2_DEADLINE = 13  # s; the task sleeps 15 s, the re-parse during run 2 takes a few seconds
+FIXTURE = Path(__file__).resolve().parents[1] / "dags" / "fixtures_dags" / "e2e_deadline"
+
+
+@pytest.fixture
+def metadata_db(pg_admin_url: str) -> Iterator[pg.Database]:
+    name = f"airflow_e2e_deadline_{os.getpid()}"
+    database = pg.create_database(pg_admin_url, name, drop=True)
+    try:
+        yield database
+    finally:
+        pg.drop_database(pg_admin_url, name)
+
+
+def _scalar(url: str, sql: str, *params: object) -> object:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(sql, params).fetchone()
+    return row[0] if row else None
+
+
+def _run_state(url: str, run_id: str) -> object:
+    sql = "select state from dag_run where dag_id = %s and run_id = %s"
+    return _scalar(url, sql, DAG_ID, run_id)
+
+
+def _versions(url: str) -> int:
+    return int(_scalar(url, "select count(*) from dag_version where dag_id = %s", DAG_ID) or 0)
+
+
+def _edit(dag_file: Path, marker: str) -> None:
+    text = dag_file.read_text()
+    old = next(line for line in text.splitlines() if line.startswith("EDIT_MARKER = "))
+    dag_file.write_text(text.replace(old, f'EDIT_MARKER = "{marker}"'))
+
+
+def _finish(af: LocalAirflow, url: str, run_id: str, hook: RecordingWebhook) -> list[dict]:
+    wait_for(
+        lambda: af.assert_running() or _run_state(url, run_id) in ("success", "failed"),
+        timeout=90,
+        what=f"{run_id} to finish",
+    )
+    assert _run_state(url, run_id) == "success", af.tail_logs()
+    # the deadline passed ~10 s before the run ended; give a duplicate the chance to show up
+    wait_for(
+        lambda: [a for a in hook.alerts("deadline_missed") if a["run_id"] == run_id],
+        timeout=30,
+        what=f"deadline_missed for {run_id}\n{af.tail_logs()}",
+    )
+    return [a for a in hook.alerts("deadline_missed") if a["run_id"] == run_id]
+
+
+def _interval(alert: dict) -> float:
+    details = alert["details"]
+    deadline = datetime.fromisoformat(details["deadline_time"])
+    queued = datetime.fromisoformat(details["queued_at"].replace("Z", "+00:00"))
+    return (deadline - queued).total_seconds()
+
+
+def _report(hook: RecordingWebhook, t0: float) -> None:
+    """Timeline for the record (shown with ``pytest -s``): when each alert arrived."""
+    for alert, at in zip(hook.received, hook.received_at, strict=True):
+        deadline = datetime.fromisoformat(alert["details"]["deadline_time"]).timestamp()
+        print(
+            "E2E_DEADLINE",
+            json.dumps(
+                {
+                    "run_id": alert["run_id"],
+                    "received_s_after_start": round(at - t0, 1),
+                    "received_s_after_deadline": round(at - deadline, 1),
+                    "interval_s": _interval(alert),
+                }
+            ),
+        )
+
+
+def test_deadline_fires_once_per_late_run_and_survives_reparse(
+    tmp_path: Path, metadata_db: pg.Database
+) -> None:
+    dags = tmp_path / "dags"
+    shutil.copytree(FIXTURE, dags)
+    dag_file = dags / f"{DAG_ID}.py"
+    url = metadata_db.url
+    t0 = time.time()
+    with (
+        RecordingWebhook() as hook,
+        UdpListener() as statsd,
+        local_airflow(
+            home=tmp_path / "home",
+            dags_folder=dags,
+            metadata_url=pg.sqlalchemy_url(url),
+            job_db_url=url,
+            webhook_url=hook.url,
+            extra_env=statsd.airflow_env(),
+        ) as af,
+    ):
+        wait_for(
+            lambda: af.assert_running() or _versions(url) >= 1,
+            timeout=90,
+            what=f"{DAG_ID} parsed\n{af.tail_logs()}",
+        )
+        af.cli("dags", "trigger", DAG_ID, "--run-id", "e2e_run_1")
+        first = _finish(af, url, "e2e_run_1", hook)
+
+        _edit(dag_file, "edited-before-run-2")
+        wait_for(lambda: _versions(url) >= 2, timeout=60, what="re-parse after edit")
+        af.cli("variables", "set", f"{DAG_ID}_deadline_seconds", str(RUN_2_DEADLINE))
+        af.cli("dags", "trigger", DAG_ID, "--run-id", "e2e_run_2")
+        wait_for(lambda: _run_state(url, "e2e_run_2") == "running", timeout=60, what="run 2")
+        _edit(dag_file, "edited-during-run-2")
+        wait_for(lambda: _versions(url) >= 3, timeout=60, what="re-parse during run 2")
+        reparsed_at = _scalar(
+            url, "select max(created_at) from dag_version where dag_id = %s", DAG_ID
+        )
+        second = _finish(af, url, "e2e_run_2", hook)
+
+        deadlines = _scalar(
+            url,
+            "select count(*) from deadline d join dag_run r on r.id = d.dagrun_id"
+            " where r.dag_id = %s and d.missed",
+            DAG_ID,
+        )
+
+    _report(hook, t0)
+    assert len(first) == 1, first
+    assert len(second) == 1, second
+    assert deadlines == 2
+    for alert in (*first, *second):
+        assert alert["severity"] == "warning"
+        assert alert["dag_id"] == DAG_ID
+        assert alert["details"]["tune_with_variable"] == f"{DAG_ID}_deadline_seconds"
+    assert _interval(first[0]) == pytest.approx(5, abs=0.01)  # default: no Variable
+    assert _interval(second[0]) == pytest.approx(RUN_2_DEADLINE, abs=0.01)  # Variable, at creation
+    # the DAG was re-serialized while run 2's deadline was pending, and the deadline survived
+    lead = datetime.fromisoformat(second[0]["details"]["deadline_time"]) - reparsed_at
+    print("E2E_REPARSE", json.dumps({"reparsed_s_before_run_2_deadline": lead.total_seconds()}))
+    assert lead.total_seconds() > 0
+    assert len(hook.alerts()) == 2  # nothing else was sent
+    # the scheduler's own metrics that ops/statsd/mapping.yml maps (airflow.dagrun.duration.*.*)
+    durations = [line for line in statsd.lines if line.startswith("airflow.dagrun.duration.")]
+    assert any(
+        line.startswith(f"airflow.dagrun.duration.success.{DAG_ID}:") and line.endswith("|ms")
+        for line in durations
+    ), durations

@@ -1,0 +1,92 @@
+"""``on_task_failed`` (include/pin_airflow/alerts.py): the ``task_failed`` alert's content.
+
+The callback's wiring through a real ``airflow dags test`` run is in
+tests/dags/test_deadline_failure_callback.py.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from include.pin_airflow.alerts import (
+    MAX_ERROR_CHARS,
+    error_summary,
+    on_task_failed,
+    task_failed_alert,
+)
+from tests.e2e.deadline_helpers import RecordingWebhook
+
+
+def context(exception: object = None) -> dict:
+    # the attributes Airflow's RuntimeTaskInstance carries
+    ti = SimpleNamespace(
+        dag_id="user_activity_retention",
+        run_id="scheduled__2026-01-02T00:00:00+00:00",
+        task_id="delete_sessions",
+        try_number=2,
+        max_tries=1,
+        map_index=-1,
+    )
+    return {
+        "ti": ti,
+        "dag": SimpleNamespace(dag_id="user_activity_retention"),
+        "run_id": ti.run_id,
+        "exception": exception,
+    }
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (None, "unknown"),
+        (
+            ValueError("bad batch_size=0 (allowed 1..50000)"),
+            "ValueError: bad batch_size=0 (allowed 1..50000)",
+        ),
+        (RuntimeError(""), "RuntimeError"),
+        (KeyError("x"), "KeyError: 'x'"),
+        (RuntimeError("first line\nsecond line"), "RuntimeError: first line"),
+    ],
+)
+def test_error_summary(exc, expected) -> None:
+    assert error_summary(exc) == expected
+
+
+def test_error_summary_is_bounded() -> None:
+    text = error_summary(RuntimeError("x" * 5000))
+    assert len(text) == MAX_ERROR_CHARS
+    assert text.endswith("...")
+
+
+def test_task_failed_alert_content() -> None:
+    dag_id, run_id, alert = task_failed_alert(context(RuntimeError("lock lost")))
+    assert (dag_id, run_id) == ("user_activity_retention", "scheduled__2026-01-02T00:00:00+00:00")
+    assert alert.name == "task_failed"
+    assert alert.severity == "critical"
+    assert alert.details == {
+        "task_id": "delete_sessions",
+        "try_number": 2,
+        "max_tries": 1,
+        "map_index": -1,
+        "error": "RuntimeError: lock lost",
+    }
+    assert "delete_sessions" in alert.summary
+
+
+def test_task_failed_alert_with_string_exception() -> None:
+    _, _, alert = task_failed_alert(context("Task received SIGTERM signal"))
+    assert alert.details["error"] == "Task received SIGTERM signal"
+
+
+def test_on_task_failed_posts_to_webhook(monkeypatch) -> None:
+    with RecordingWebhook() as hook:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": hook.url})
+        )
+        on_task_failed(context(RuntimeError("boom")))
+    [sent] = hook.received
+    assert sent["alert"] == "task_failed"
+    assert sent["details"]["error"] == "RuntimeError: boom"

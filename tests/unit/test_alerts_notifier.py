@@ -1,0 +1,175 @@
+"""The notifiers against a real loopback webhook: runtime.Notifier and alerts.WebhookNotifier.
+
+DESIGN section 4: one greppable WARNING/ERROR line per alert, a JSON POST of
+{"alert","severity","dag_id","run_id","summary","details"} to the http connection
+``alerts_webhook`` when it exists, delivery failures logged and never raised, bounded by a
+timeout, duplicates within a run sent once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from include.pin_airflow import alerts, runtime
+from include.pin_airflow.alerts import WebhookNotifier
+from include.pin_airflow.runtime import Notifier
+from include.pin_maintenance.telemetry import Alert
+from tests.e2e.deadline_helpers import RecordingWebhook, free_port
+
+QUARANTINE = Alert(
+    "snapshot_detach_quarantined",
+    "critical",
+    "snapshot quarantined after 12 attempts",
+    {"snapshot_id": "s-1", "post_id": "p-1", "reason": "PostDeleted", "attempts": 12},
+)
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def lines(self, prefix: str) -> list[logging.LogRecord]:
+        return [r for r in self.records if r.getMessage().startswith(prefix)]
+
+
+@pytest.fixture
+def records() -> Iterator[Records]:
+    handler = Records()
+    logger = logging.getLogger("test_alerts_notifier")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    yield handler
+    logger.removeHandler(handler)
+
+
+@pytest.fixture(params=[Notifier, WebhookNotifier], ids=["runtime.Notifier", "WebhookNotifier"])
+def notifier_class(request) -> type[Notifier]:
+    return request.param
+
+
+@pytest.fixture
+def notifier(notifier_class):
+    def make() -> Notifier:
+        logger = logging.getLogger("test_alerts_notifier")
+        return notifier_class("news_snapshot_detach_retry", "scheduled__1", logger)
+
+    return make
+
+
+def use_webhook(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": url})
+    )
+
+
+def test_alert_is_one_log_line_and_one_json_post(monkeypatch, records, notifier) -> None:
+    with RecordingWebhook() as hook:
+        use_webhook(monkeypatch, hook.url)
+        notifier().send(QUARANTINE)
+
+    expected = {
+        "alert": "snapshot_detach_quarantined",
+        "severity": "critical",
+        "dag_id": "news_snapshot_detach_retry",
+        "run_id": "scheduled__1",
+        "summary": "snapshot quarantined after 12 attempts",
+        "details": {
+            "snapshot_id": "s-1",
+            "post_id": "p-1",
+            "reason": "PostDeleted",
+            "attempts": 12,
+        },
+    }
+    assert hook.received == [expected]
+    assert hook.headers[0]["Content-Type"] == "application/json"
+    [line] = records.lines("PIN_ALERT ")
+    assert line.levelno == logging.ERROR
+    assert "\n" not in line.getMessage()
+    assert json.loads(line.getMessage().removeprefix("PIN_ALERT ")) == expected
+    assert records.lines("PIN_ALERT_DELIVERY_FAILED") == []
+
+
+def test_warning_alert_logs_at_warning(monkeypatch, records, notifier) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_ALERTS_WEBHOOK", raising=False)
+    notifier().send(Alert("deadline_missed", "warning", "late", {"deadline_id": "d"}))
+    [line] = records.lines("PIN_ALERT ")
+    assert line.levelno == logging.WARNING
+
+
+def test_without_webhook_connection_only_the_log_line(monkeypatch, records, notifier) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_ALERTS_WEBHOOK", raising=False)
+    notifier().send(QUARANTINE)
+    assert len(records.lines("PIN_ALERT ")) == 1
+    assert records.lines("PIN_ALERT_DELIVERY_FAILED") == []
+
+
+def test_duplicate_alert_in_one_run_is_sent_once(monkeypatch, records, notifier) -> None:
+    with RecordingWebhook() as hook:
+        use_webhook(monkeypatch, hook.url)
+        n = notifier()
+        n.send(QUARANTINE)
+        n.send(QUARANTINE)
+        n.send(
+            Alert(
+                QUARANTINE.name, "critical", "other", {**QUARANTINE.details, "snapshot_id": "s-2"}
+            )
+        )
+    assert [a["details"]["snapshot_id"] for a in hook.received] == ["s-1", "s-2"]
+    assert len(records.lines("PIN_ALERT ")) == 2
+
+
+@pytest.mark.parametrize("status", [400, 500, 503])
+def test_webhook_error_answer_is_logged_not_raised(monkeypatch, records, status, notifier) -> None:
+    with RecordingWebhook(status=status) as hook:
+        use_webhook(monkeypatch, hook.url)
+        notifier().send(QUARANTINE)
+    assert len(hook.received) == 1
+    [failure] = records.lines("PIN_ALERT_DELIVERY_FAILED")
+    assert failure.levelno == logging.WARNING
+    assert "alert=snapshot_detach_quarantined" in failure.getMessage()
+
+
+def test_unreachable_webhook_is_logged_not_raised(monkeypatch, records, notifier) -> None:
+    use_webhook(monkeypatch, f"http://127.0.0.1:{free_port()}/alerts")  # nothing listens
+    notifier().send(QUARANTINE)
+    assert len(records.lines("PIN_ALERT ")) == 1
+    assert len(records.lines("PIN_ALERT_DELIVERY_FAILED")) == 1
+
+
+def test_slow_webhook_is_cut_off_by_the_timeout(monkeypatch, records, notifier) -> None:
+    monkeypatch.setattr(runtime, "ALERTS_WEBHOOK_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(alerts, "WEBHOOK_READ_TIMEOUT_SECONDS", 0.3)
+    with RecordingWebhook(delay=1.5) as hook:
+        use_webhook(monkeypatch, hook.url)
+        notifier().send(QUARANTINE)
+        [failure] = records.lines("PIN_ALERT_DELIVERY_FAILED")
+    assert "error=ReadTimeout" in failure.getMessage()
+
+
+@pytest.mark.parametrize("status", [None, 500])
+def test_webhook_notifier_logs_no_url_or_body_anywhere(monkeypatch, caplog, status) -> None:
+    """Slack/Teams-style webhooks carry their secret in the path: it must not reach a log."""
+    secret_path = "/services/T0/B0/s3cretT0ken"
+    caplog.set_level(logging.INFO)  # the level tasks log at (urllib3 shows paths at DEBUG)
+    logger = logging.getLogger("test_alerts_notifier_root")
+    if status is None:  # nothing listens: connection refused
+        use_webhook(monkeypatch, f"http://127.0.0.1:{free_port()}{secret_path}")
+        WebhookNotifier("d", "r", logger).send(QUARANTINE)
+    else:
+        with RecordingWebhook(status=status) as hook:
+            use_webhook(monkeypatch, hook.url.replace("/alerts", secret_path))
+            WebhookNotifier("d", "r", logger).send(QUARANTINE)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "PIN_ALERT_DELIVERY_FAILED" in text
+    assert "s3cretT0ken" not in text
+    if status:
+        assert f"status={status}" in text
