@@ -1,0 +1,674 @@
+"""A local Airflow (UI included) on the embedded Postgres: ``make up`` / ``make down``.
+
+    python -m devtools.local_airflow up              # foreground until Ctrl-C
+    python -m devtools.local_airflow up --detach     # start, print the URL, return
+    python -m devtools.local_airflow down            # stop everything `up` started
+
+What ``up`` runs (each process in its own process group, listed in ``.local/local-airflow.json``
+so that ``down`` ends whole groups, LocalExecutor's task workers included; DESIGN section 8):
+
+- the embedded Postgres (``.local/pg``; or ``PIN_PG_URL``), with the Airflow metadata in database
+  ``airflow_meta`` and the job tables in ``pin_dev`` (reference schema applied when created);
+- ``airflow api-server`` (UI and REST API), ``scheduler``, ``dag-processor``, ``triggerer``, with
+  LocalExecutor and the metadata on Postgres (psycopg 3);
+- a webhook sink for the ``alerts_webhook`` connection (alerts land in ``.local/webhook.jsonl``);
+- the local selections service (``devtools.selections_service``) when it is importable.
+
+Connections and Variables come from ``AIRFLOW_CONN_*`` / ``AIRFLOW_VAR_*`` in the processes'
+environment (``devtools.airflow_env``), so they are not editable in the UI.
+
+Login: the simple auth manager with one user, ``admin`` / ``admin`` (role admin): the users
+come from ``AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=admin:admin`` and the password from the
+passwords file ``.local/airflow/simple_auth_manager_passwords.json`` which this script writes
+(``{"admin": "admin"}``) before the api-server starts; the auth manager only generates a random
+password for a user that file lacks. ``--no-login`` sets ``simple_auth_manager_all_admins`` (no
+login page at all). Local development only: SimpleAuthManager keeps passwords in plain text.
+
+The same :class:`AirflowStack` runs the end-to-end tests (temp home, fresh databases, random
+ports, optionally CeleryExecutor with a Redis broker and two workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+
+import psycopg
+
+from devtools import pg
+from devtools.airflow_env import REPO, VENV_BIN, airflow_env
+
+LOCAL = REPO / ".local"
+PID_FILE = LOCAL / "local-airflow.json"
+ADMIN_USER = "admin"
+ADMIN_PASSWORD = "admin"
+META_DB = "airflow_meta"
+JOB_DB = "pin_dev"
+DEFAULT_PORT = 8080
+
+# Per-DAG config Variables (DESIGN section 4) for local development: empty = the job defaults.
+# Change them here or with `up --var KEY=JSON`.
+LOCAL_VARIABLES: dict[str, object] = {
+    "news_snapshot_detach_retry": {},
+    "calendar_slot_expiration": {},
+    "user_activity_retention": {},
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def wait_for(
+    check: Callable[[], object], *, timeout: float, interval: float = 0.5, what: str = ""
+) -> object:
+    """Poll ``check`` until it returns something truthy; raise TimeoutError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+        except Exception as exc:  # a component still starting answers with errors
+            last_error = exc
+        else:
+            if result:
+                return result
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last_error!r})")
+
+
+# ---------------------------------------------------------------------------------------------
+# process groups
+
+
+@dataclass
+class Proc:
+    name: str
+    pid: int
+    pgid: int
+    log: str
+    popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "pid": self.pid, "pgid": self.pgid, "log": self.log}
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids of process group ``pgid`` (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def stop_groups(procs: Sequence[Proc], *, grace: float = 20.0) -> list[str]:
+    """SIGTERM every group, wait up to ``grace`` s, SIGKILL what is left; names killed hard."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    pending = list(procs)
+    while pending and time.monotonic() < deadline:
+        for proc in pending:
+            if proc.popen is not None:
+                proc.popen.poll()  # reap our own child so a zombie leader does not count
+        pending = [p for p in pending if group_members(p.pgid)]
+        if pending:
+            time.sleep(0.2)
+    killed = []
+    for proc in pending:
+        killed.append(proc.name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pgid, signal.SIGKILL)
+    for proc in procs:
+        if proc.popen is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=10)
+    return killed
+
+
+# ---------------------------------------------------------------------------------------------
+# the stack
+
+
+@dataclass
+class AirflowStack:
+    """Airflow's components plus the local services they talk to, as process groups.
+
+    ``admin_url``: the Postgres server; ``meta_db`` / ``job_db`` are (created and) used there.
+    ``executor``: "LocalExecutor" or "CeleryExecutor" (then ``broker_url`` and ``celery_workers``).
+    ``bundles``: extra DAG folders besides ``dags/`` as {bundle name: path}.
+    """
+
+    home: Path
+    run_dir: Path
+    admin_url: str
+    job_admin_url: str | None = None  # the job tables' server, when not the metadata's
+    meta_db: str = META_DB
+    job_db: str = JOB_DB
+    port: int = DEFAULT_PORT
+    executor: str = "LocalExecutor"
+    broker_url: str | None = None
+    redis_server: str | None = None  # path of redis-server: start a broker on loopback
+    celery_workers: int = 2
+    bundles: Mapping[str, Path] = field(default_factory=dict)
+    variables: Mapping[str, object] = field(default_factory=dict)
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    paused_at_creation: bool = True
+    all_admins: bool = False
+    start_selections: bool = True
+    parallelism: int = 4
+    procs: list[Proc] = field(default_factory=list)
+    webhook_log: Path | None = None
+    selections_url: str | None = None
+    _env: dict[str, str] | None = field(default=None, repr=False)
+    _webhook_url: str | None = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def meta_url(self) -> str:
+        return pg.with_database(self.admin_url, self.meta_db)
+
+    @property
+    def job_url(self) -> str:
+        return pg.with_database(self.job_admin_url or self.admin_url, self.job_db)
+
+    @property
+    def pid_file(self) -> Path:
+        return self.run_dir / "local-airflow.json"
+
+    @property
+    def passwords_file(self) -> Path:
+        return self.home / "simple_auth_manager_passwords.json"
+
+    # -- databases ------------------------------------------------------------------------
+
+    def ensure_databases(self, *, meta_template: str | None = None) -> None:
+        """Create the metadata and job databases when missing (never drops data)."""
+        for server, name, template in (
+            (self.admin_url, self.meta_db, meta_template),
+            (self.job_admin_url or self.admin_url, self.job_db, None),
+        ):
+            with psycopg.connect(server, autocommit=True) as conn:
+                exists = conn.execute(
+                    "select 1 from pg_database where datname = %s", (name,)
+                ).fetchone()
+            if not exists:
+                pg.create_database(server, name, template=template, drop=False)
+        with psycopg.connect(self.job_url) as conn:
+            has_schema = conn.execute(
+                "select to_regclass('news.snapshot_detach_outbox') is not null"
+            ).fetchone()[0]
+        if not has_schema:
+            pg.apply_schema(self.job_url)
+
+    # -- environment ----------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        if self._env is not None:
+            return dict(self._env)
+        extra: dict[str, str] = {
+            "AIRFLOW__CORE__EXECUTOR": self.executor,
+            "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": str(self.paused_at_creation),
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "120",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.passwords_file),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": str(self.all_admins),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__WORKERS": "1",
+            # one secret shared by every component, so task tokens verify across processes
+            "AIRFLOW__API_AUTH__JWT_SECRET": self._secret("jwt_secret"),
+            "AIRFLOW__API__SECRET_KEY": self._secret("api_secret_key"),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "120",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(self._bundle_config()),
+            # log servers on free ports: several stacks (other engineers, tests) share a host
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
+        }
+        if self.executor == "CeleryExecutor":
+            if not self.broker_url:
+                raise ValueError("CeleryExecutor needs broker_url (redis://...)")
+            extra.update(
+                {
+                    "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
+                    "AIRFLOW__CELERY__RESULT_BACKEND": "db+" + pg.sqlalchemy_url(self.meta_url),
+                    "AIRFLOW__CELERY__WORKER_CONCURRENCY": "2",
+                    "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "21600",
+                }
+            )
+        extra.update(self.extra_env)
+        env = airflow_env(
+            self.home,
+            job_db_url=self.job_url,
+            selections_url=self.selections_url,
+            webhook_url=self._webhook_url,
+            metadata_url=pg.sqlalchemy_url(self.meta_url),
+            variables=dict(self.variables),
+            extra=extra,
+        )
+        # keep what the caller put on PYTHONPATH (e.g. an extra site dir) after the repo
+        paths = [str(REPO)] + [
+            p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)
+        ]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        self._env = env
+        return dict(env)
+
+    def _secret(self, name: str) -> str:
+        path = self.home / f".{name}"
+        if not path.exists():
+            self.home.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_urlsafe(32))
+            path.chmod(0o600)
+        return path.read_text().strip()
+
+    def _bundle_config(self) -> list[dict]:
+        local = "airflow.dag_processing.bundles.local.LocalDagBundle"
+        bundles = [{"name": "dags-folder", "classpath": local, "kwargs": {}}]
+        for name, path in self.bundles.items():
+            bundles.append({"name": name, "classpath": local, "kwargs": {"path": str(path)}})
+        return bundles
+
+    # -- processes ------------------------------------------------------------------------
+
+    def spawn(self, name: str, args: Sequence[str], env: Mapping[str, str] | None = None) -> Proc:
+        logs = self.run_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_path = logs / f"{name}.log"
+        with log_path.open("ab") as log:
+            popen = subprocess.Popen(
+                list(args),
+                env=dict(env if env is not None else self.env()),
+                cwd=str(REPO),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: `down` ends it whole
+            )
+        proc = Proc(name, popen.pid, popen.pid, str(log_path), popen)
+        self.procs.append(proc)
+        self._write_pid_file()
+        return proc
+
+    def _write_pid_file(self, extra: Mapping[str, object] | None = None) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        data = json.loads(self.pid_file.read_text()) if self.pid_file.exists() else {}
+        data["procs"] = [p.as_dict() for p in self.procs]
+        data.update(extra or {})
+        self.pid_file.write_text(json.dumps(data, indent=2))
+
+    def airflow_cmd(self, *args: str) -> list[str]:
+        return [str(VENV_BIN / "airflow"), *args]
+
+    def start_services(self) -> None:
+        """The webhook sink, the selections service (when importable), a Redis broker."""
+        if self.executor == "CeleryExecutor" and self.broker_url is None and self.redis_server:
+            redis_port = free_port()
+            self.spawn(
+                "redis",
+                [
+                    self.redis_server,
+                    "--bind",
+                    "127.0.0.1",
+                    "--port",
+                    str(redis_port),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.run_dir),
+                ],
+                env=_plain_env(),
+            )
+            wait_for(lambda: _port_open(redis_port), timeout=30, what="redis-server")
+            self.broker_url = f"redis://127.0.0.1:{redis_port}/0"
+        self.webhook_log = self.run_dir / "webhook.jsonl"
+        sink_port = free_port()
+        self.spawn(
+            "webhook-sink",
+            [
+                sys.executable,
+                "-m",
+                "devtools.webhook_sink",
+                "--port",
+                str(sink_port),
+                "--out",
+                str(self.webhook_log),
+            ],
+            env=_plain_env(),
+        )
+        self._webhook_url = f"http://127.0.0.1:{sink_port}"
+        wait_for(lambda: _http_ok(self._webhook_url), timeout=30, what="webhook sink")
+        if (
+            self.selections_url is None  # not given by the caller (the e2e tests run their own)
+            and self.start_selections
+            and find_spec("devtools.selections_service") is not None
+        ):
+            sel_port = free_port()
+            self.spawn(
+                "selections-service",
+                [
+                    sys.executable,
+                    "-m",
+                    "devtools.selections_service",
+                    "--port",
+                    str(sel_port),
+                ],
+                env=_plain_env(),
+            )
+            self.selections_url = f"http://127.0.0.1:{sel_port}"
+            wait_for(lambda: _port_open(sel_port), timeout=30, what="selections service")
+        self._env = None  # the URLs are part of the environment
+
+    def write_passwords(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        passwords = {}
+        if self.passwords_file.exists():
+            try:
+                passwords = json.loads(self.passwords_file.read_text() or "{}")
+            except ValueError:
+                passwords = {}
+        passwords[ADMIN_USER] = ADMIN_PASSWORD
+        self.passwords_file.write_text(json.dumps(passwords) + "\n")
+
+    def migrate(self) -> None:
+        done = subprocess.run(
+            self.airflow_cmd("db", "migrate"),
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed:\n{done.stdout}\n{done.stderr}")
+
+    def start_airflow(self) -> None:
+        self.spawn(
+            "api-server",
+            self.airflow_cmd("api-server", "--host", "127.0.0.1", "--port", str(self.port)),
+        )
+        self.spawn("scheduler", self.airflow_cmd("scheduler"))
+        self.spawn("dag-processor", self.airflow_cmd("dag-processor"))
+        self.spawn("triggerer", self.airflow_cmd("triggerer"))
+        if self.executor == "CeleryExecutor":
+            for i in range(1, self.celery_workers + 1):
+                env = self.env()
+                env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"] = str(free_port())
+                self.spawn(
+                    f"celery-worker-{i}",
+                    self.airflow_cmd(
+                        "celery",
+                        "worker",
+                        "--celery-hostname",
+                        f"pin-worker-{i}@%h",
+                        "--concurrency",
+                        "2",
+                        "--without-mingle",
+                        "--without-gossip",
+                    ),
+                    env=env,
+                )
+
+    def wait_healthy(self, timeout: float = 300) -> dict:
+        def healthy() -> dict | None:
+            self.check_alive()
+            with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=10) as r:
+                health = json.load(r)
+            parts = [health.get(k, {}) for k in ("metadatabase", "scheduler", "triggerer")]
+            if "dag_processor" in health:
+                parts.append(health["dag_processor"] or {})
+            return health if all(p.get("status") == "healthy" for p in parts) else None
+
+        return wait_for(healthy, timeout=timeout, interval=1, what="Airflow health")  # type: ignore[return-value]
+
+    def check_alive(self) -> None:
+        """Raise when a component exited (with the tail of its log)."""
+        for proc in self.procs:
+            if proc.popen is not None and proc.popen.poll() is not None:
+                tail = Path(proc.log).read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{tail}")
+
+    def start(self, *, migrate: bool = True, meta_template: str | None = None) -> None:
+        """Everything, in order; on any failure what was started is stopped again."""
+        try:
+            self.ensure_databases(meta_template=meta_template)
+            self.start_services()
+            self.write_passwords()
+            if migrate:
+                self.migrate()
+            self.start_airflow()
+            self.wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> list[str]:
+        killed = stop_groups(list(reversed(self.procs)))
+        if self.pid_file.exists():
+            self.pid_file.unlink()
+        return killed
+
+    # -- clients --------------------------------------------------------------------------
+
+    def token(self, username: str = ADMIN_USER, password: str = ADMIN_PASSWORD) -> str:
+        """A JWT from ``POST /auth/token``, as the UI's login form gets it."""
+        body = json.dumps({"username": username, "password": password}).encode()
+        req = urllib.request.Request(
+            f"{self.url}/auth/token",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.load(r)["access_token"]
+
+    def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.airflow_cmd(*args),
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+        )
+
+
+def _plain_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]]
+    )
+    return env
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return r.status == 200
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+
+def read_pid_file(path: Path = PID_FILE) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def cmd_down(pid_file: Path = PID_FILE) -> int:
+    data = read_pid_file(pid_file)
+    procs = [Proc(p["name"], p["pid"], p["pgid"], p["log"]) for p in data.get("procs", [])]
+    live = [p for p in procs if group_members(p.pgid)]
+    if live:
+        killed = stop_groups(list(reversed(live)))
+        print(f"stopped: {', '.join(p.name for p in live)}")
+        if killed:
+            print(f"(had to SIGKILL: {', '.join(killed)})")
+    else:
+        print("no local Airflow process running")
+    if data.get("started_embedded_pg"):
+        print("embedded Postgres:", "stopped" if pg.stop_embedded() else "not running")
+    if pid_file.exists():
+        pid_file.unlink()
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    data = read_pid_file()
+    if any(group_members(p["pgid"]) for p in data.get("procs", [])):
+        print(f"already running (see {PID_FILE}); `make down` first", file=sys.stderr)
+        return 1
+    PID_FILE.unlink(missing_ok=True)
+
+    external = os.environ.get(pg.EXTERNAL_URL_ENV)
+    started_pg = not external and not (pg.DEFAULT_PGDATA / "postmaster.pid").exists()
+    admin = pg.admin_url()
+
+    port = args.port
+    if not port_is_free(port):
+        port = free_port()
+        print(f"port {args.port} is busy, using {port}")
+    variables = dict(LOCAL_VARIABLES)
+    for item in args.var:
+        key, _, value = item.partition("=")
+        variables[key] = value
+    stack = AirflowStack(
+        home=LOCAL / "airflow",
+        run_dir=LOCAL,
+        admin_url=admin,
+        port=port,
+        variables=variables,
+        all_admins=args.no_login,
+    )
+    stack._write_pid_file({"started_embedded_pg": started_pg, "url": stack.url})
+    print(f"metadata: {META_DB}, job tables: {JOB_DB} on {_redact(admin)}")
+    print("starting Airflow (first start migrates the metadata DB, about a minute) ...")
+    try:
+        stack.start()
+    except BaseException as exc:
+        print(f"failed to start: {exc}", file=sys.stderr)
+        if started_pg:
+            pg.stop_embedded()
+        return 1
+    stack._write_pid_file({"started_embedded_pg": started_pg, "url": stack.url})
+    login = "no login (all admins)" if args.no_login else f"{ADMIN_USER} / {ADMIN_PASSWORD}"
+    print(
+        f"\nAirflow UI: {stack.url}\nlogin:      {login}\n"
+        f"job DB:     {stack.job_url}\n"
+        f"alerts:     {stack.webhook_log}\n"
+        f"selections: {stack.selections_url or 'not started (no devtools.selections_service)'}\n"
+        f"logs:       {stack.run_dir / 'logs'}  (Airflow home {stack.home})"
+    )
+    if args.detach:
+        print("\nrunning in the background; `make down` stops it")
+        return 0
+    print("\nCtrl-C stops everything")
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        while not stopping:
+            try:
+                stack.check_alive()
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr)
+                break
+            time.sleep(1)
+    finally:
+        print("stopping ...")
+        stack.stop()
+        if started_pg:
+            pg.stop_embedded()
+    return 0
+
+
+def _redact(url: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(url)
+    if params.get("password"):
+        params["password"] = "***"
+    return make_conninfo(**params)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="devtools.local_airflow", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start a local Airflow (foreground unless --detach)")
+    up.add_argument("--detach", action="store_true", help="start and return")
+    up.add_argument("--port", type=int, default=DEFAULT_PORT, help="api-server / UI port")
+    up.add_argument("--no-login", action="store_true", help="everyone is admin, no login page")
+    up.add_argument("--var", action="append", default=[], help="KEY=JSON Airflow Variable")
+    sub.add_parser("down", help="stop everything `up` started")
+    args = parser.parse_args(argv)
+    if args.cmd == "up":
+        return cmd_up(args)
+    return cmd_down()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The shipped DAGs under the real scheduler (LocalExecutor): one dry run and one real run each,
+triggered with params through the CLI and the REST API, and invalid params refused up front.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e import job_checks as jc
+from tests.e2e.stack_fixtures import E2EAirflow
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_slot_expiration_runs_with_trigger_params(airflow_e2e: E2EAirflow) -> None:
+    jc.check_slot_expiration(airflow_e2e, dry_run_via="cli", via="api")
+
+
+def test_retention_runs_with_trigger_params(airflow_e2e: E2EAirflow) -> None:
+    jc.check_retention(airflow_e2e, dry_run_via="api", via="cli")
+
+
+def test_detach_retry_runs_with_trigger_params(airflow_e2e: E2EAirflow) -> None:
+    jc.check_detach_retry(airflow_e2e, dry_run_via="cli", via="api")
+
+
+def test_requeue_moves_the_chosen_quarantined_rows(airflow_e2e: E2EAirflow) -> None:
+    jc.check_requeue(airflow_e2e, via="api")
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "conf"),
+    [
+        (jc.SLOTS, {"batch_size": 0}),
+        (jc.SLOTS, {"max_run_duration_seconds": -1}),
+        (jc.RETENTION, {"retention_period_days": 0}),
+        (jc.RETENTION, {"batch_size": 50001}),
+        (jc.DETACH, {"batch_size": 10001}),
+        (jc.DETACH, {"backoff_factor": 0.5}),
+        (jc.REQUEUE, {"snapshot_ids": "not-a-list"}),
+        (jc.REQUEUE, {"all_quarantined": "yes"}),
+    ],
+)
+def test_invalid_params_are_refused_before_a_run_exists(
+    airflow_e2e: E2EAirflow, dag_id: str, conf: dict
+) -> None:
+    airflow_e2e.wait_dag(dag_id)
+    jc.assert_rejected(airflow_e2e, dag_id, conf)
