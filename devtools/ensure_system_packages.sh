@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Install Debian packages a test suite needs, only when that is possible without asking:
-#   devtools/ensure_system_packages.sh redis-server [more packages...]
-# For each missing command of the same name (redis-server -> `redis-server` on PATH): when
+#   devtools/ensure_system_packages.sh redis-server prometheus:promtool [...]
+# Each argument is PACKAGE or PACKAGE:COMMAND (the command it must put on PATH; by default the
+# package's own name). For each missing command: when
 # running as root with apt-get available, `apt-get install -y --no-install-recommends` it
 # (with one `apt-get update` first if the package is unknown). Never uses sudo, never
 # prompts. Exit 0 when every command is present afterwards, 1 otherwise (the caller skips its
-# suite with a message). Used by the Celery e2e suite for its Redis broker; CI runs as root.
+# suite with a message). Used by the Celery e2e suite (Redis broker) and the Prometheus rule
+# tests (promtool); CI runs as root.
 set -uo pipefail
 
 missing=()
-for pkg in "$@"; do
-  command -v "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+commands=()
+for arg in "$@"; do
+  pkg=${arg%%:*}
+  cmd=${arg#*:}
+  command -v "$cmd" >/dev/null 2>&1 || { missing+=("$pkg"); commands+=("$cmd"); }
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
 
@@ -35,7 +40,7 @@ if ! apt_install >/tmp/ensure_system_packages.log 2>&1; then
   fi
 fi
 
-for pkg in "${missing[@]}"; do
-  command -v "$pkg" >/dev/null 2>&1 || { echo "ensure_system_packages: $pkg still missing" >&2; exit 1; }
+for cmd in "${commands[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || { echo "ensure_system_packages: $cmd still missing" >&2; exit 1; }
 done
 exit 0
