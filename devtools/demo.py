@@ -225,7 +225,8 @@ def main() -> int:
         print(f"{'ok  ' if ok else 'FAIL'} {dag_id:32} {elapsed:5.1f}s  {text}")
     print(
         f"\nDemo finished in {time.monotonic() - started:.0f}s. The data stays in database "
-        f"{DEMO_DB}.\nOpen the Airflow UI: `make up` (then http://localhost:8080), "
+        f"{DEMO_DB} (the embedded Postgres keeps running; `make clean` stops it).\n"
+        "Open the Airflow UI: `make up` (prints the URL and login; DAGs start paused), "
         "`make down` to stop it."
     )
     return 1 if failures else 0
