@@ -61,7 +61,7 @@ from include.pin_airflow.dag_support import (
     dry_run_param,
 )
 from include.pin_airflow.deadlines import deadline_alert
-from include.pin_maintenance.jobs.slot_expiration import CONFIG, CONN_ID, JOB
+from include.pin_maintenance.jobs.slot_expiration_config import CONFIG, CONN_ID, JOB
 
 
 @dag(

@@ -59,7 +59,7 @@ from include.pin_airflow.dag_support import (
     dry_run_param,
 )
 from include.pin_airflow.deadlines import deadline_alert
-from include.pin_maintenance.jobs.snapshot_detach import CONFIG
+from include.pin_maintenance.jobs.snapshot_detach_config import CONFIG
 
 NEWS_DB_CONN_ID = "news_db"
 

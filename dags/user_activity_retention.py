@@ -52,7 +52,7 @@ from airflow.sdk import dag, task
 
 from include.pin_airflow.dag_support import DEFAULT_ARGS, config_params, dry_run_param
 from include.pin_airflow.deadlines import deadline_alert
-from include.pin_maintenance.jobs.activity_retention import CONFIG, JOB
+from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 
 CONN_ID = "user_activity_db"
 

@@ -69,7 +69,7 @@ from typing import Any
 import psycopg
 
 from include.pin_maintenance import sql
-from include.pin_maintenance.config import ConfigError, ConfigSpec, Setting
+from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import (
     Connect,
     SessionSettings,
@@ -77,6 +77,7 @@ from include.pin_maintenance.db import (
     configured,
     lock_held_too_long,
 )
+from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 from include.pin_maintenance.runloop import (
     JobCancelled,
     LoopLimits,
@@ -93,7 +94,6 @@ from include.pin_maintenance.telemetry import (
     Telemetry,
 )
 
-JOB = "user_activity_retention"
 LOCK_NAME = "job:scheduled:activity-retention"
 LOCK_TTL_MARGIN_SECONDS = 300
 
@@ -105,39 +105,6 @@ SESSION_SETTINGS = SessionSettings(
     application_name="pin-activity-retention",
 )
 
-CONFIG = ConfigSpec(
-    job=JOB,
-    settings=(
-        Setting(
-            "retention_period_days",
-            365,
-            minimum=1,
-            help="Inactive sessions whose ended_at is older than this many days are deleted.",
-        ),
-        Setting(
-            "batch_size",
-            5000,
-            minimum=1,
-            maximum=50_000,
-            help="Sessions per batch (one transaction per batch and table).",
-        ),
-        Setting(
-            "max_batches_per_run",
-            200,
-            minimum=1,
-            help="Upper bound of batches per delete task; the rest waits for the next run.",
-        ),
-        Setting(
-            "max_run_duration_seconds",
-            1800,
-            kind=float,
-            minimum=0,
-            exclusive_minimum=True,
-            help="Time budget of the whole run, checked between batches.",
-        ),
-    ),
-    extra_params=frozenset({"dry_run"}),
-)
 
 # Child tables first: the RESTRICT foreign keys on sessions(id) demand it (seed, step 4).
 TABLES: tuple[str, ...] = ("action_events", "property_object_views", "sessions")

@@ -44,8 +44,13 @@ from typing import Any
 import psycopg
 
 from include.pin_maintenance import sql
-from include.pin_maintenance.config import ConfigError, ConfigSpec, Setting
+from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import Connect, SessionSettings, configured
+from include.pin_maintenance.jobs.slot_expiration_config import (  # noqa: F401 (re-exported)
+    CONFIG,
+    CONN_ID,
+    JOB,
+)
 from include.pin_maintenance.runloop import (
     JobCancelled,
     LoopLimits,
@@ -59,31 +64,6 @@ from include.pin_maintenance.telemetry import (
     LogOnlyAlerts,
     RecordingMetrics,
     Telemetry,
-)
-
-JOB = "calendar_slot_expiration"
-CONN_ID = "calendar_db"
-
-CONFIG = ConfigSpec(
-    job=JOB,
-    settings=(
-        Setting(
-            "batch_size",
-            500,
-            minimum=1,
-            maximum=10_000,
-            help="Slots expired per batch (one statement, one transaction).",
-        ),
-        Setting(
-            "max_run_duration_seconds",
-            30,
-            kind=float,
-            minimum=0,
-            exclusive_minimum=True,
-            help="No new batch starts after this many seconds; the rest waits for the next cycle.",
-        ),
-    ),
-    extra_params=frozenset({"dry_run"}),
 )
 
 # One statement never runs longer than this; a slow batch is an infrastructure failure.

@@ -69,9 +69,12 @@ import psycopg
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.backoff import Backoff
-from include.pin_maintenance.config import ConfigSpec, Rule, Setting
 from include.pin_maintenance.db import Connect, advisory_lock, lock_held_too_long
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome, DetachClient
+from include.pin_maintenance.jobs.snapshot_detach_config import (  # noqa: F401 (re-exported)
+    CONFIG,
+    JOB,
+)
 from include.pin_maintenance.runloop import (
     JobCancelled,
     LoopLimits,
@@ -81,77 +84,9 @@ from include.pin_maintenance.runloop import (
 )
 from include.pin_maintenance.telemetry import Alert, Telemetry
 
-JOB = "news_snapshot_detach_retry"
 LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
 KNOWN_REASONS = frozenset({"BlockReplaced", "PostDeleted"})
 LAST_ERROR_MAX = 512
-
-CONFIG = ConfigSpec(
-    job=JOB,
-    settings=(
-        Setting("batch_size", 100, minimum=1, maximum=10_000, help="Rows claimed per batch."),
-        Setting(
-            "max_run_duration_seconds",
-            240,
-            kind=float,
-            minimum=0,
-            exclusive_minimum=True,
-            help="No new batch starts after this long; the rest waits for the next run.",
-        ),
-        Setting(
-            "max_attempts",
-            12,
-            minimum=1,
-            help="A transient failure on this attempt quarantines the row.",
-        ),
-        Setting(
-            "backoff_base_seconds",
-            60,
-            kind=float,
-            minimum=0,
-            exclusive_minimum=True,
-            help="Backoff after the first attempt.",
-        ),
-        Setting("backoff_factor", 2.0, kind=float, minimum=1, help="Backoff growth per attempt."),
-        Setting("backoff_cap_seconds", 1800, kind=float, minimum=0, help="Longest backoff."),
-        Setting(
-            "detach_call_timeout_seconds",
-            5,
-            kind=float,
-            minimum=0,
-            exclusive_minimum=True,
-            help="Timeout of one detach call.",
-        ),
-        Setting(
-            "lock_ttl_seconds",
-            360,
-            kind=float,
-            minimum=0,
-            exclusive_minimum=True,
-            help="Lease of the single-runner lock.",
-        ),
-        Setting(
-            "detach_concurrency",
-            8,
-            minimum=1,
-            maximum=64,
-            help="Detach calls in flight at once within a batch.",
-        ),
-    ),
-    rules=(
-        Rule(
-            "backoff_cap_seconds",
-            lambda v: v["backoff_cap_seconds"] >= v["backoff_base_seconds"],
-            lambda v: f">= backoff_base_seconds ({v['backoff_base_seconds']})",
-        ),
-        Rule(
-            "lock_ttl_seconds",
-            lambda v: v["lock_ttl_seconds"] > v["max_run_duration_seconds"],
-            lambda v: f"> max_run_duration_seconds ({v['max_run_duration_seconds']})",
-        ),
-    ),
-    extra_params=frozenset({"dry_run"}),
-)
 
 
 class Metric:

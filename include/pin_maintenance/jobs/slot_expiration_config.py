@@ -1,0 +1,34 @@
+"""The slot expiration (seed 002) job: its id and config keys (DESIGN section 4).
+
+DAG files import this module at parse time, so it imports nothing heavier than the config
+rules themselves (no database driver, no HTTP client).
+"""
+
+from __future__ import annotations
+
+from include.pin_maintenance.config import ConfigSpec, Setting
+
+JOB = "calendar_slot_expiration"
+CONN_ID = "calendar_db"
+
+CONFIG = ConfigSpec(
+    job=JOB,
+    settings=(
+        Setting(
+            "batch_size",
+            500,
+            minimum=1,
+            maximum=10_000,
+            help="Slots expired per batch (one statement, one transaction).",
+        ),
+        Setting(
+            "max_run_duration_seconds",
+            30,
+            kind=float,
+            minimum=0,
+            exclusive_minimum=True,
+            help="No new batch starts after this many seconds; the rest waits for the next cycle.",
+        ),
+    ),
+    extra_params=frozenset({"dry_run"}),
+)
