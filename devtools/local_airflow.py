@@ -42,10 +42,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 
@@ -59,6 +60,9 @@ ADMIN_PASSWORD = "admin"
 META_DB = "airflow_meta"
 JOB_DB = "pin_dev"
 DEFAULT_PORT = 8080
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+T = TypeVar("T")
 
 # Per-DAG config Variables (DESIGN section 4) for local development: empty = the job defaults.
 # Change them here or with `up --var KEY=JSON`.
@@ -85,19 +89,33 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def wait_for(
-    check: Callable[[], object], *, timeout: float, interval: float = 0.5, what: str = ""
-) -> object:
-    """Poll ``check`` until it returns something truthy; raise TimeoutError after ``timeout``."""
+    check: Callable[[], T],
+    *,
+    timeout: float,
+    interval: float = 0.5,
+    what: str = "",
+    retry_errors: bool = True,
+) -> T:
+    """Poll ``check`` until it returns something truthy; raise TimeoutError after ``timeout``.
+
+    ``retry_errors``: an exception from ``check`` counts as "not yet" (a component still
+    starting answers with errors); False lets it propagate at once (fail fast, e.g. when
+    ``check`` asserts that the components are still running).
+    """
     deadline = time.monotonic() + timeout
     last_error: BaseException | None = None
-    while time.monotonic() < deadline:
+    while True:
         try:
             result = check()
-        except Exception as exc:  # a component still starting answers with errors
+        except Exception as exc:
+            if not retry_errors:
+                raise
             last_error = exc
         else:
             if result:
                 return result
+        if time.monotonic() >= deadline:
+            break
         time.sleep(interval)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last_error!r})")
 
@@ -128,9 +146,17 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) pids of process group ``pgid`` (from /proc)."""
-    members = []
+@dataclass(frozen=True)
+class _Stat:
+    pid: int
+    state: str
+    ppid: int
+    pgid: int
+
+
+def _process_table() -> list[_Stat]:
+    """Every process in /proc with its state, parent and process group (Linux)."""
+    table = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -139,30 +165,84 @@ def group_members(pgid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+        table.append(_Stat(int(entry.name), fields[0], int(fields[1]), int(fields[2])))
+    return table
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) pids of process group ``pgid`` (from /proc)."""
+    return [p.pid for p in _process_table() if p.pgid == pgid and p.state != "Z"]
+
+
+def descendants(roots: Iterable[int], table: Sequence[_Stat] | None = None) -> set[int]:
+    """All live descendants of the pids ``roots`` (from /proc, or ``table``)."""
+    children: dict[int, list[int]] = {}
+    for p in _process_table() if table is None else table:
+        if p.state != "Z":
+            children.setdefault(p.ppid, []).append(p.pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _child_groups(groups: Mapping[int, str]) -> dict[int, str]:
+    """Process groups that descendants of ``groups``' members moved to ({pgid: label}).
+
+    LocalExecutor's task and callback supervisors put themselves in process groups of their
+    own (``setpgid``), so signalling the components' groups alone does not reach them; once
+    their component has exited they are reparented and no longer found this way, hence the
+    walk before any signal is sent.
+    """
+    table = _process_table()
+    pgid_of = {p.pid: p.pgid for p in table}
+    found: dict[int, str] = {}
+    for pgid, name in groups.items():
+        members = [p.pid for p in table if p.pgid == pgid and p.state != "Z"]
+        for pid in descendants(members, table):
+            child = pgid_of.get(pid)
+            if child is None or child in groups or child in found:
+                continue
+            if child in (0, 1, os.getpgrp()):  # never our own group (or nonsense)
+                continue
+            found[child] = f"{name}: process group {child}"
+    return found
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def stop_groups(procs: Sequence[Proc], *, grace: float = 20.0) -> list[str]:
-    """SIGTERM every group, wait up to ``grace`` s, SIGKILL what is left; names killed hard."""
+    """SIGTERM every group, and every process group that a descendant of one moved to (task
+    supervisors), wait up to ``grace`` s, SIGKILL what is left; names killed hard."""
+    groups: dict[int, str] = {}
     for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pgid, signal.SIGTERM)
+        groups.setdefault(proc.pgid, proc.name)
+    groups.update(_child_groups(groups))
+    for pgid in groups:
+        _killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    pending = list(procs)
+    pending = dict(groups)
     while pending and time.monotonic() < deadline:
-        for proc in pending:
+        for proc in procs:
             if proc.popen is not None:
                 proc.popen.poll()  # reap our own child so a zombie leader does not count
-        pending = [p for p in pending if group_members(p.pgid)]
+        pending.update(_child_groups(pending))  # groups created while stopping
+        pending = {g: name for g, name in pending.items() if group_members(g)}
         if pending:
             time.sleep(0.2)
+    pending.update(_child_groups(pending))
     killed = []
-    for proc in pending:
-        killed.append(proc.name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pgid, signal.SIGKILL)
+    for pgid, name in pending.items():
+        if group_members(pgid):
+            killed.append(name)
+            _killpg(pgid, signal.SIGKILL)
     for proc in procs:
         if proc.popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -181,6 +261,10 @@ class AirflowStack:
     ``admin_url``: the Postgres server; ``meta_db`` / ``job_db`` are (created and) used there.
     ``executor``: "LocalExecutor" or "CeleryExecutor" (then ``broker_url`` and ``celery_workers``).
     ``bundles``: extra DAG folders besides ``dags/`` as {bundle name: path}.
+    ``dags_folder``: the ``dags-folder`` bundle's folder instead of the repo's ``dags/``.
+    ``components``: the Airflow components to run (a subset of :data:`COMPONENTS`).
+    ``webhook_url``: where the ``alerts_webhook`` connection points; None starts a sink.
+    ``job_schema``: apply the reference schema to the job database when it lacks it.
     """
 
     home: Path
@@ -195,17 +279,20 @@ class AirflowStack:
     redis_server: str | None = None  # path of redis-server: start a broker on loopback
     celery_workers: int = 2
     bundles: Mapping[str, Path] = field(default_factory=dict)
+    dags_folder: Path | None = None
+    components: Sequence[str] = COMPONENTS
     variables: Mapping[str, object] = field(default_factory=dict)
     extra_env: Mapping[str, str] = field(default_factory=dict)
     paused_at_creation: bool = True
     all_admins: bool = False
     start_selections: bool = True
     parallelism: int = 4
+    job_schema: bool = True
     procs: list[Proc] = field(default_factory=list)
+    webhook_url: str | None = None
     webhook_log: Path | None = None
     selections_url: str | None = None
     _env: dict[str, str] | None = field(default=None, repr=False)
-    _webhook_url: str | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -241,6 +328,8 @@ class AirflowStack:
                 ).fetchone()
             if not exists:
                 pg.create_database(server, name, template=template, drop=False)
+        if not self.job_schema:
+            return
         with psycopg.connect(self.job_url) as conn:
             has_schema = conn.execute(
                 "select to_regclass('news.snapshot_detach_outbox') is not null"
@@ -277,6 +366,8 @@ class AirflowStack:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "False",
         }
+        if self.dags_folder is not None:
+            extra["AIRFLOW__CORE__DAGS_FOLDER"] = str(self.dags_folder)
         if self.executor == "CeleryExecutor":
             if not self.broker_url:
                 raise ValueError("CeleryExecutor needs broker_url (redis://...)")
@@ -293,7 +384,7 @@ class AirflowStack:
             self.home,
             job_db_url=self.job_url,
             selections_url=self.selections_url,
-            webhook_url=self._webhook_url,
+            webhook_url=self.webhook_url,
             metadata_url=pg.sqlalchemy_url(self.meta_url),
             variables=dict(self.variables),
             extra=extra,
@@ -375,23 +466,25 @@ class AirflowStack:
             )
             wait_for(lambda: _port_open(redis_port), timeout=30, what="redis-server")
             self.broker_url = f"redis://127.0.0.1:{redis_port}/0"
-        self.webhook_log = self.run_dir / "webhook.jsonl"
-        sink_port = free_port()
-        self.spawn(
-            "webhook-sink",
-            [
-                sys.executable,
-                "-m",
-                "devtools.webhook_sink",
-                "--port",
-                str(sink_port),
-                "--out",
-                str(self.webhook_log),
-            ],
-            env=_plain_env(),
-        )
-        self._webhook_url = f"http://127.0.0.1:{sink_port}"
-        wait_for(lambda: _http_ok(self._webhook_url), timeout=30, what="webhook sink")
+        if self.webhook_url is None:  # not given by the caller: a sink of our own
+            self.webhook_log = self.run_dir / "webhook.jsonl"
+            sink_port = free_port()
+            self.spawn(
+                "webhook-sink",
+                [
+                    sys.executable,
+                    "-m",
+                    "devtools.webhook_sink",
+                    "--port",
+                    str(sink_port),
+                    "--out",
+                    str(self.webhook_log),
+                ],
+                env=_plain_env(),
+            )
+            sink_url = f"http://127.0.0.1:{sink_port}"
+            wait_for(lambda: _http_ok(sink_url), timeout=30, what="webhook sink")
+            self.webhook_url = sink_url
         if (
             self.selections_url is None  # not given by the caller (the e2e tests run their own)
             and self.start_selections
@@ -437,13 +530,14 @@ class AirflowStack:
             raise RuntimeError(f"airflow db migrate failed:\n{done.stdout}\n{done.stderr}")
 
     def start_airflow(self) -> None:
-        self.spawn(
-            "api-server",
-            self.airflow_cmd("api-server", "--host", "127.0.0.1", "--port", str(self.port)),
-        )
-        self.spawn("scheduler", self.airflow_cmd("scheduler"))
-        self.spawn("dag-processor", self.airflow_cmd("dag-processor"))
-        self.spawn("triggerer", self.airflow_cmd("triggerer"))
+        unknown = set(self.components) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(f"unknown Airflow components: {sorted(unknown)}")
+        for name in COMPONENTS:  # in this order
+            if name not in self.components:
+                continue
+            args = ["--host", "127.0.0.1", "--port", str(self.port)] if name == "api-server" else []
+            self.spawn(name, self.airflow_cmd(name, *args))
         if self.executor == "CeleryExecutor":
             for i in range(1, self.celery_workers + 1):
                 env = self.env()
@@ -468,8 +562,11 @@ class AirflowStack:
             self.check_alive()
             with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=10) as r:
                 health = json.load(r)
-            parts = [health.get(k, {}) for k in ("metadatabase", "scheduler", "triggerer")]
-            if "dag_processor" in health:
+            checked = ["metadatabase", "scheduler"]
+            if "triggerer" in self.components:
+                checked.append("triggerer")
+            parts = [health.get(k, {}) for k in checked]
+            if "dag-processor" in self.components and "dag_processor" in health:
                 parts.append(health["dag_processor"] or {})
             return health if all(p.get("status") == "healthy" for p in parts) else None
 
@@ -481,6 +578,16 @@ class AirflowStack:
             if proc.popen is not None and proc.popen.poll() is not None:
                 tail = Path(proc.log).read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{tail}")
+
+    def tail_logs(self, lines: int = 40) -> str:
+        """The last ``lines`` of every Airflow component's log (for assertion messages)."""
+        chunks = []
+        for proc in self.procs:
+            path = Path(proc.log)
+            if proc.name in COMPONENTS and path.exists():
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                chunks.append(f"--- {proc.name}\n" + "\n".join(text))
+        return "\n".join(chunks)
 
     def start(self, *, migrate: bool = True, meta_template: str | None = None) -> None:
         """Everything, in order; on any failure what was started is stopped again."""

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from devtools.pg import Database
-from tests.e2e.deadline_helpers import RecordingWebhook
+from tests.e2e.loopback import RecordingWebhook
 
 pytestmark = pytest.mark.dags
 

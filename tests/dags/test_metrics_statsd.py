@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from devtools.pg import Database
-from tests.e2e.deadline_helpers import UdpListener
+from tests.e2e.loopback import UdpListener
 
 pytestmark = pytest.mark.dags
 

@@ -10,6 +10,9 @@ One scenario, in order (about a minute on 2 cores):
    re-serialization used to drop deadline records): exactly one alert for run 2, with the
    Variable's interval.
 
+Airflow: :class:`devtools.local_airflow.AirflowStack` (the launcher of ``make up`` and the other
+e2e tests) with api-server, scheduler and dag-processor only, LocalExecutor, the scratch dags
+folder as its ``dags-folder`` bundle, quick re-parsing and the loopback webhook.
 Metadata DB: a database on the session's embedded Postgres (LocalExecutor needs Postgres).
 StatsD goes to a loopback UDP listener, to check the scheduler's ``dagrun.duration`` names that
 ops/statsd/mapping.yml maps.
@@ -20,28 +23,43 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
+from typing import TypeVar
 
 import psycopg
 import pytest
 
 from devtools import pg
-from tests.e2e.deadline_helpers import (
-    LocalAirflow,
-    RecordingWebhook,
-    UdpListener,
-    local_airflow,
-    wait_for,
-)
+from devtools.local_airflow import AirflowStack, free_port
+from devtools.local_airflow import wait_for as _wait_for
+from tests.e2e.loopback import RecordingWebhook, UdpListener
+from tests.e2e.stack_fixtures import wait_gone
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(240)]
 
 DAG_ID = "pin_fixture_deadline_e2e"
 RUN_2_DEADLINE = 13  # s; the task sleeps 15 s, the re-parse during run 2 takes a few seconds
 FIXTURE = Path(__file__).resolve().parents[1] / "dags" / "fixtures_dags" / "e2e_deadline"
+# re-parse quickly so the "edit the DAG file" steps take seconds
+QUICK_REPARSE = {
+    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
+    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "1",
+    "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
+    "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "1",  # default 30 s
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+}
+
+T = TypeVar("T")
+
+
+def wait_for(probe: Callable[[], T], *, timeout: float, what: str) -> T:
+    """Poll every 0.5 s; an error in ``probe`` (a component exited) fails at once."""
+    return _wait_for(probe, timeout=timeout, interval=0.5, what=what, retry_errors=False)
 
 
 @pytest.fixture
@@ -52,6 +70,46 @@ def metadata_db(pg_admin_url: str) -> Iterator[pg.Database]:
         yield database
     finally:
         pg.drop_database(pg_admin_url, name)
+
+
+@contextmanager
+def deadline_airflow(
+    tmp_path: Path,
+    *,
+    admin_url: str,
+    database: pg.Database,
+    dags: Path,
+    webhook_url: str,
+    extra_env: dict[str, str],
+) -> Iterator[AirflowStack]:
+    """The stack for this test; stopped (task supervisors included) and checked gone after."""
+    stack = AirflowStack(
+        home=tmp_path / "home",
+        run_dir=tmp_path / "run",
+        admin_url=admin_url,
+        meta_db=database.name,
+        job_db=database.name,  # the fixture DAG touches no job table
+        job_schema=False,
+        port=free_port(),
+        components=("api-server", "scheduler", "dag-processor"),
+        dags_folder=dags,
+        webhook_url=webhook_url,
+        start_selections=False,
+        paused_at_creation=False,
+        extra_env={**QUICK_REPARSE, **extra_env},
+    )
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+        assert wait_gone(stack.home) == [], "processes left after stopping Airflow"
+
+
+def _cli(af: AirflowStack, *args: str) -> subprocess.CompletedProcess[str]:
+    done = af.cli(*args, timeout=120)
+    assert done.returncode == 0, f"airflow {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
+    return done
 
 
 def _scalar(url: str, sql: str, *params: object) -> object:
@@ -75,9 +133,9 @@ def _edit(dag_file: Path, marker: str) -> None:
     dag_file.write_text(text.replace(old, f'EDIT_MARKER = "{marker}"'))
 
 
-def _finish(af: LocalAirflow, url: str, run_id: str, hook: RecordingWebhook) -> list[dict]:
+def _finish(af: AirflowStack, url: str, run_id: str, hook: RecordingWebhook) -> list[dict]:
     wait_for(
-        lambda: af.assert_running() or _run_state(url, run_id) in ("success", "failed"),
+        lambda: af.check_alive() or _run_state(url, run_id) in ("success", "failed"),
         timeout=90,
         what=f"{run_id} to finish",
     )
@@ -116,7 +174,7 @@ def _report(hook: RecordingWebhook, t0: float) -> None:
 
 
 def test_deadline_fires_once_per_late_run_and_survives_reparse(
-    tmp_path: Path, metadata_db: pg.Database
+    tmp_path: Path, pg_admin_url: str, metadata_db: pg.Database
 ) -> None:
     dags = tmp_path / "dags"
     shutil.copytree(FIXTURE, dags)
@@ -126,27 +184,27 @@ def test_deadline_fires_once_per_late_run_and_survives_reparse(
     with (
         RecordingWebhook() as hook,
         UdpListener() as statsd,
-        local_airflow(
-            home=tmp_path / "home",
-            dags_folder=dags,
-            metadata_url=pg.sqlalchemy_url(url),
-            job_db_url=url,
+        deadline_airflow(
+            tmp_path,
+            admin_url=pg_admin_url,
+            database=metadata_db,
+            dags=dags,
             webhook_url=hook.url,
             extra_env=statsd.airflow_env(),
         ) as af,
     ):
         wait_for(
-            lambda: af.assert_running() or _versions(url) >= 1,
+            lambda: af.check_alive() or _versions(url) >= 1,
             timeout=90,
             what=f"{DAG_ID} parsed\n{af.tail_logs()}",
         )
-        af.cli("dags", "trigger", DAG_ID, "--run-id", "e2e_run_1")
+        _cli(af, "dags", "trigger", DAG_ID, "--run-id", "e2e_run_1")
         first = _finish(af, url, "e2e_run_1", hook)
 
         _edit(dag_file, "edited-before-run-2")
         wait_for(lambda: _versions(url) >= 2, timeout=60, what="re-parse after edit")
-        af.cli("variables", "set", f"{DAG_ID}_deadline_seconds", str(RUN_2_DEADLINE))
-        af.cli("dags", "trigger", DAG_ID, "--run-id", "e2e_run_2")
+        _cli(af, "variables", "set", f"{DAG_ID}_deadline_seconds", str(RUN_2_DEADLINE))
+        _cli(af, "dags", "trigger", DAG_ID, "--run-id", "e2e_run_2")
         wait_for(lambda: _run_state(url, "e2e_run_2") == "running", timeout=60, what="run 2")
         _edit(dag_file, "edited-during-run-2")
         wait_for(lambda: _versions(url) >= 3, timeout=60, what="re-parse during run 2")

@@ -17,7 +17,7 @@ from include.pin_airflow.alerts import (
     on_task_failed,
     task_failed_alert,
 )
-from tests.e2e.deadline_helpers import RecordingWebhook
+from tests.e2e.loopback import RecordingWebhook
 
 
 def context(exception: object = None) -> dict:

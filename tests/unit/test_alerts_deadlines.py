@@ -22,7 +22,7 @@ from include.pin_airflow.deadlines import (
     on_deadline_missed,
     parse_interval_seconds,
 )
-from tests.e2e.deadline_helpers import RecordingWebhook
+from tests.e2e.loopback import RecordingWebhook
 
 JOB_DAGS = ("news_snapshot_detach_retry", "calendar_slot_expiration", "user_activity_retention")
 

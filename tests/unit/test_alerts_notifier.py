@@ -14,10 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from devtools.local_airflow import free_port
 from include.pin_airflow import runtime
 from include.pin_airflow.runtime import Notifier
 from include.pin_maintenance.telemetry import Alert
-from tests.e2e.deadline_helpers import RecordingWebhook, free_port
+from tests.e2e.loopback import RecordingWebhook
 
 QUARANTINE = Alert(
     "snapshot_detach_quarantined",
