@@ -86,6 +86,11 @@ class Telemetry:
     metrics: MetricsSink
     alerts: AlertSink
 
+    @classmethod
+    def local(cls, log: JobLog, metrics: MetricsSink | None = None) -> Telemetry:
+        """Outside Airflow (CLIs, tests): metrics kept in memory, alerts as log lines only."""
+        return cls(log, metrics or RecordingMetrics(), LogOnlyAlerts(log))
+
 
 class RecordingMetrics:
     """Keeps metrics in memory (for the CLI report and for tests of the job functions)."""

@@ -19,7 +19,7 @@ from include.pin_maintenance.jobs.snapshot_detach_client import (
     basic_auth_session,
 )
 from include.pin_maintenance.runloop import StopSignal
-from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
+from include.pin_maintenance.telemetry import JobLog, Telemetry
 
 # fast but realistic defaults for tests: short timeout, small concurrency
 TEST_CONFIG = {"detach_call_timeout_seconds": 1.0, "detach_concurrency": 4}
@@ -41,7 +41,7 @@ def make_client(svc: SelectionsService, password: str = DEFAULT_PASSWORD) -> Htt
 
 def make_telemetry(run_id: str = "test_run") -> Telemetry:
     log = JobLog(snapshot_detach.JOB, run_id)
-    return Telemetry(log, RecordingMetrics(), LogOnlyAlerts(log))
+    return Telemetry.local(log)
 
 
 def config(**overrides: Any) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from devtools.retention_data import seed_sessions, session_id
 from include.pin_maintenance.db import advisory_lock, configured
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.runloop import JobCancelled, StopSignal
-from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
+from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +42,7 @@ def connect_to(db):
 
 def telemetry(run_id: str = "test", metrics: RecordingMetrics | None = None) -> Telemetry:
     log = JobLog(job.JOB, run_id)
-    return Telemetry(log=log, metrics=metrics or RecordingMetrics(), alerts=LogOnlyAlerts(log))
+    return Telemetry.local(log, metrics)
 
 
 def config(**overrides):

@@ -11,7 +11,7 @@ from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.runloop import StopReason
-from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
+from include.pin_maintenance.telemetry import JobLog, Telemetry
 
 
 def test_config_keys_and_defaults_are_the_design_contract():
@@ -100,7 +100,7 @@ def test_step_has_more_when_a_bound_or_the_lock_ended_it(stop_reason, lock_skipp
 
 def _telemetry() -> Telemetry:
     log = JobLog(job.JOB, "unit")
-    return Telemetry(log, RecordingMetrics(), LogOnlyAlerts(log))
+    return Telemetry.local(log)
 
 
 def test_report_sums_the_steps_into_the_seed_result_and_emits_run_metrics():

@@ -89,8 +89,6 @@ from include.pin_maintenance.runloop import (
 from include.pin_maintenance.telemetry import (
     Alert,
     JobLog,
-    LogOnlyAlerts,
-    RecordingMetrics,
     Telemetry,
 )
 
@@ -548,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     connect = configured(lambda: psycopg.connect(args.db_url), settings)
     log = JobLog(JOB, args.run_id)
-    telemetry = Telemetry(log=log, metrics=RecordingMetrics(), alerts=LogOnlyAlerts(log))
+    telemetry = Telemetry.local(log)
     stop = StopSignal()
     try:
         with stop.on_sigterm():

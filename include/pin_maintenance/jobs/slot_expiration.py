@@ -61,8 +61,6 @@ from include.pin_maintenance.runloop import (
 from include.pin_maintenance.telemetry import (
     Alert,
     JobLog,
-    LogOnlyAlerts,
-    RecordingMetrics,
     Telemetry,
 )
 
@@ -484,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("config_invalid", error=str(exc))
         return 2
-    telemetry = Telemetry(log=log, metrics=RecordingMetrics(), alerts=LogOnlyAlerts(log))
+    telemetry = Telemetry.local(log)
     connect = configured(lambda: psycopg.connect(args.db_url), SESSION)
     stop = StopSignal()
     try:

@@ -27,7 +27,7 @@ from include.pin_maintenance.jobs.snapshot_detach_client import (
     basic_auth_session,
 )
 from include.pin_maintenance.runloop import JobCancelled, StopSignal
-from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
+from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = args.run_id or f"cli__{uuid.uuid4().hex[:12]}"
     log = JobLog(snapshot_detach.JOB, run_id)
     metrics = RecordingMetrics()
-    telemetry = Telemetry(log, metrics, LogOnlyAlerts(log))
+    telemetry = Telemetry.local(log, metrics)
     connect = configured(
         lambda: psycopg.connect(args.db_url), SessionSettings(application_name="detach-cli")
     )
