@@ -1,0 +1,91 @@
+"""
+### news_snapshot_detach_requeue
+
+**Purpose.** Runbook action for `news.snapshot_detach_outbox` (seed 000, runbook
+"quarantined_total > 0"): moves chosen `Quarantined` rows back to `Pending` with
+`attempts = 0`, due now, so `news_snapshot_detach_retry` calls selections for them again on its
+next run. `last_error` keeps the old cause, prefixed with `requeued:`. Nothing else is touched.
+
+**Owner.** PIN Engagement (news). **Schedule.** none: manual trigger only.
+
+**Params** (exactly one choice):
+- `snapshot_ids`: list of snapshot uuids (e.g. `["0b5c...", "..."]`), or
+- `all_quarantined`: `true` to requeue every Quarantined row;
+- `dry_run`: `true` lists what would move and changes nothing. Try it first.
+
+A run with neither or both choices, or with an invalid uuid, fails before touching anything and
+says why. The task's return value (XCom) and log report the count and the first 100 snapshot
+ids moved, plus the requested ids that did not move and their status.
+
+**Safe to rerun?** Yes: only `Quarantined` rows move, so a second run finds nothing to do.
+No lock is needed: the retry DAG never selects Quarantined rows and its outcome updates only
+apply to the claim they belong to.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import Param, dag, task
+
+from include.pin_airflow.dag_support import DEFAULT_ARGS, START_DATE, dry_run_param
+
+NEWS_DB_CONN_ID = "news_db"
+
+
+@dag(
+    dag_id="news_snapshot_detach_requeue",
+    schedule=None,  # manual runbook action
+    start_date=START_DATE,
+    catchup=False,
+    max_active_runs=1,  # two requeues at once would only race over the same rows' report
+    default_args={**DEFAULT_ARGS, "retries": 0},  # a person triggers it and reads the result
+    params={
+        "snapshot_ids": Param(
+            None,
+            type=["null", "array"],
+            items={"type": "string"},
+            title="snapshot_ids",
+            description="Snapshot uuids of Quarantined rows to requeue (or use all_quarantined).",
+        ),
+        "all_quarantined": Param(
+            False,
+            type="boolean",
+            title="all_quarantined",
+            description="Requeue every Quarantined row (do not combine with snapshot_ids).",
+        ),
+        "dry_run": dry_run_param(),
+    },
+    tags=["pin", "postgres-maintenance", "news"],
+    doc_md=__doc__,
+)
+def news_snapshot_detach_requeue():
+    @task(execution_timeout=timedelta(minutes=10))
+    def requeue_quarantined_snapshots() -> dict:
+        """Validate the choice, then move the chosen Quarantined rows to Pending (or list them)."""
+        from airflow.sdk import get_current_context
+
+        from include.pin_airflow.runtime import postgres_connect, telemetry_for
+        from include.pin_maintenance.db import SessionSettings
+        from include.pin_maintenance.jobs import snapshot_requeue
+
+        context = get_current_context()
+        params = context["params"]
+        choice = snapshot_requeue.parse_choice(
+            params.get("snapshot_ids"), params.get("all_quarantined")
+        )
+        connect = postgres_connect(
+            NEWS_DB_CONN_ID, SessionSettings(application_name=snapshot_requeue.JOB)
+        )
+        result = snapshot_requeue.requeue(
+            connect,
+            telemetry_for(snapshot_requeue.JOB, context),
+            choice,
+            dry_run=bool(params.get("dry_run")),
+        )
+        return result.as_dict()
+
+    requeue_quarantined_snapshots()
+
+
+news_snapshot_detach_requeue()

@@ -1,0 +1,112 @@
+"""
+### news_snapshot_detach_retry
+
+**Purpose.** Safety net of the news service's snapshot-detach outbox
+(`news.snapshot_detach_outbox`, seed 000 SnapshotDetachRetryJob). When the synchronous detach
+of a selection snapshot failed after set-blocks / delete-post, the owner left a `Pending` row;
+this DAG retries `POST /internal/snapshots/{id}/detach` on the selections internal API with
+exponential backoff until it succeeds (`Done`) or the row is poison (`Quarantined` + alert
+`snapshot_detach_quarantined`).
+
+**Owner.** PIN Engagement (news). **Schedule.** every 5 minutes, UTC. One run handles due rows
+in batches of `batch_size` until a batch comes back short or `max_run_duration_seconds` passes.
+
+**Safe to rerun?** Yes, at any time. A run takes the Postgres advisory lock
+`Pin:lock:job:scheduled:news-snapshot-detach-retry` (busy = skipped, success); rows are claimed
+with `FOR UPDATE SKIP LOCKED` and attempts are pre-incremented, so a crash costs a row one
+backoff step, never a lost or double-applied outcome; selections' detach is idempotent
+(INV-SNP-005) and every call carries the outbox id as `Idempotency-Key`.
+
+**Connections.** `news_db` (postgres), `selections_api` (http; host = base URL; basic auth
+from login/password, or no login and `{"Authorization": "Bearer <token>"}` in the extra).
+
+**Params** (empty = Airflow Variable `news_snapshot_detach_retry` (JSON) or the default):
+`batch_size` (100), `max_run_duration_seconds` (240), `max_attempts` (12),
+`backoff_base_seconds` / `backoff_factor` / `backoff_cap_seconds` (60 / 2.0 / 1800),
+`detach_call_timeout_seconds` (5), `lock_ttl_seconds` (360, > max run duration),
+`detach_concurrency` (8, 1..64 calls in flight), `dry_run` (report how many rows are due;
+call nothing, write nothing).
+
+**Outcomes.** 2xx -> Done. 5xx / 408 / 425 / 429 / timeout / connection error -> stays Pending
+(429 and 503 honour `Retry-After`); on attempt `max_attempts` -> Quarantined. 404, 410 and
+other 4xx -> Quarantined at once. 401/403 -> critical alert `selections_auth_failed`, calls stop
+for the run and no row loses an attempt. Unknown `reason` -> Quarantined (`UnknownReason`)
+without a call. Rows with an unknown status are never selected.
+
+**Runbook.**
+- *pending / oldest_age_seconds grow*: check the selections internal API (5xx of its client,
+  `last_error` of Pending rows); once it is back the backlog drains by itself.
+- *quarantined_total > 0*: read `last_error` of the Quarantined rows; after fixing the cause,
+  trigger `news_snapshot_detach_requeue` with `snapshot_ids` (or `all_quarantined: true`),
+  first with `dry_run: true`.
+- *selections_auth_failed*: fix the `selections_api` connection's credentials; nothing else to
+  do, no attempts were consumed.
+- *no successful run for 15 min* (`news_snapshot_detach_last_success_timestamp_seconds`): check
+  the scheduler, this DAG's recent task logs, and a stuck lock holder
+  (`pg_locks` where `locktype = 'advisory'`; the lease ends after `lock_ttl_seconds`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import dag, task
+
+from include.pin_airflow.dag_support import (
+    DEFAULT_ARGS,
+    START_DATE,
+    config_params,
+    dry_run_param,
+)
+from include.pin_maintenance.jobs.snapshot_detach import CONFIG
+
+NEWS_DB_CONN_ID = "news_db"
+
+
+@dag(
+    dag_id="news_snapshot_detach_retry",
+    schedule="*/5 * * * *",
+    start_date=START_DATE,
+    catchup=False,  # a missed tick has nothing to catch up: the next run takes every due row
+    # one run at a time: overlapping runs would only fight over the same advisory lock
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params={**config_params(CONFIG), "dry_run": dry_run_param()},
+    tags=["pin", "postgres-maintenance", "news"],
+    doc_md=__doc__,
+)
+def news_snapshot_detach_retry():
+    # The run stops starting batches after max_run_duration_seconds (default 240 s); the
+    # timeout only catches a hung worker.
+    @task(execution_timeout=timedelta(minutes=30))
+    def detach_pending_snapshots() -> dict:
+        """Claim due outbox rows, call selections detach, record each outcome (bounded run)."""
+        from airflow.sdk import get_current_context
+
+        from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
+        from include.pin_airflow.selections import selections_detach_client
+        from include.pin_maintenance.db import SessionSettings
+        from include.pin_maintenance.jobs import snapshot_detach
+        from include.pin_maintenance.runloop import StopSignal
+
+        context = get_current_context()
+        params = context["params"]
+        config = resolve_config(CONFIG, params)  # fails here, before any call or write
+        dry_run = bool(params.get("dry_run"))
+        telemetry = telemetry_for(CONFIG.job, context)
+        connect = postgres_connect(NEWS_DB_CONN_ID, SessionSettings(application_name=CONFIG.job))
+        client = None if dry_run else selections_detach_client()
+        try:
+            with StopSignal().on_sigterm() as stop:
+                result = snapshot_detach.run(
+                    connect, config, telemetry, stop, client, dry_run=dry_run
+                )
+        finally:
+            if client is not None:
+                client.close()
+        return result.as_dict()
+
+    detach_pending_snapshots()
+
+
+news_snapshot_detach_retry()

@@ -1,0 +1,146 @@
+"""### user_activity_retention: physical cleanup of expired user activity (seed 003)
+
+**Purpose.** Deletes `Inactive` sessions of `user_activity` whose `ended_at` is older than
+`retention_period_days` (default 365), together with their `action_events` and
+`property_object_views`, in batches and in FK order:
+`prepare >> delete_action_events >> delete_property_object_views >> delete_sessions >> report`.
+`property_object_view_stats` is never touched (the aggregate outlives the raw views).
+
+**Owner.** PIN Engagement (user-activity), operated by pin-platform.
+
+**Schedule.** `0 3 * * *` Europe/Moscow (nightly window), `max_active_runs=1`, no catchup.
+
+**Safe to rerun?** Yes, at any time. The cutoff is computed once per run (in `prepare`, on the
+database clock) and every delete task acts on that same eligible set. Each batch is one
+transaction; a crash, a failed batch or a bound (`max_batches_per_run`,
+`max_run_duration_seconds`) leaves only rows that are still eligible, and the next run (or a
+manual rerun) finishes them. `delete_sessions` deletes only sessions with no children left, so
+it never hits the RESTRICT foreign keys. A Postgres advisory lock
+(`job:scheduled:activity-retention`) keeps a second runner out: a task that finds it busy logs
+`lock_skip`, counts `activity_retention_lock_contention_total` and succeeds without doing
+anything.
+
+**Params** (empty = the Variable `user_activity_retention` (JSON) or the default):
+`retention_period_days` (>= 1), `batch_size` (1..50000), `max_batches_per_run` (>= 1, per
+delete task), `max_run_duration_seconds` (> 0, the whole run), `dry_run` (count per table what
+would be deleted; delete nothing). An invalid value fails `prepare` before any delete, naming
+the key, its value and the allowed range.
+
+**Result** (XCom of `report`): `DeletedSessions`, `DeletedPropertyObjectViews`,
+`DeletedActionEvents`, `BatchesProcessed`, `HasMore`, `DryRun`.
+
+**Runbook.**
+- *Backlog grows* (`activity_retention_eligible_backlog` up several days in a row, or `HasMore`
+  every night): raise `batch_size` / `max_batches_per_run` in the Variable; check table sizes
+  and autovacuum on `user_activity`.
+- *A batch fails* (alert `retention_batch_failed`, log `event=batch_failed` with the batch's
+  first/last session id and count): earlier batches are committed; find the row that blocks the
+  delete (unexpected FK, trigger, lock timeout) from the error, fix it, rerun the DAG.
+- *Lock never free* (`lock_skip` every night): find the holder in `pg_locks` (advisory lock,
+  key = `lock_key("job:scheduled:activity-retention")`) and its backend in `pg_stat_activity`;
+  the lease ends by itself after `max_run_duration_seconds + 300` s of idleness, or end the
+  backend with `pg_terminate_backend`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pendulum
+from airflow.sdk import dag, task
+
+from include.pin_airflow.dag_support import DEFAULT_ARGS, config_params, dry_run_param
+from include.pin_maintenance.jobs.activity_retention import CONFIG, JOB
+
+CONN_ID = "user_activity_db"
+
+# A delete task runs at most max_run_duration_seconds (1800 by default) plus one batch; the
+# timeout is the backstop for a task that hangs outside any statement_timeout. Raise it with the
+# Variable only together with this value.
+DELETE_TIMEOUT = timedelta(hours=2)
+PREPARE_TIMEOUT = timedelta(minutes=10)
+
+
+def _delete(table: str, plan: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    from include.pin_airflow.runtime import postgres_connect, telemetry_for
+    from include.pin_maintenance.jobs import activity_retention as job
+    from include.pin_maintenance.runloop import StopSignal
+
+    telemetry = telemetry_for(JOB, context)
+    connect = postgres_connect(CONN_ID, job.SESSION_SETTINGS)
+    with StopSignal().on_sigterm() as stop:
+        step = job.delete_step(connect, job.RunPlan.from_xcom(plan), table, telemetry, stop)
+    return step.to_xcom()
+
+
+@dag(
+    dag_id=JOB,
+    schedule="0 3 * * *",
+    start_date=pendulum.datetime(2026, 1, 1, tz="Europe/Moscow"),
+    catchup=False,
+    # One run at a time: the three delete tasks of a run share one cutoff and walk the eligible
+    # set in order; a second run in parallel would only contend for the same rows (the advisory
+    # lock would make it skip anyway).
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params={**config_params(CONFIG), "dry_run": dry_run_param()},
+    tags=["pin", "postgres-maintenance", "user-activity"],
+    doc_md=__doc__,
+)
+def user_activity_retention() -> None:
+    @task(execution_timeout=PREPARE_TIMEOUT)
+    def prepare(**context: Any) -> dict[str, Any]:
+        """Validate the config, fix the run's cutoff on the DB clock, gauge the backlog."""
+        from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
+        from include.pin_maintenance.jobs import activity_retention as job
+
+        params = context["params"]
+        config = resolve_config(job.CONFIG, params)  # ConfigError before anything else
+        connect = postgres_connect(CONN_ID, job.SESSION_SETTINGS)
+        telemetry = telemetry_for(JOB, context)
+        plan = job.prepare(connect, config, telemetry, dry_run=bool(params.get("dry_run")))
+        return plan.to_xcom()
+
+    @task(execution_timeout=DELETE_TIMEOUT)
+    def delete_action_events(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
+        """Delete the action_events of the eligible sessions (first: RESTRICT FKs)."""
+        return _delete("action_events", plan, context)
+
+    @task(execution_timeout=DELETE_TIMEOUT)
+    def delete_property_object_views(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
+        """Delete the property_object_views of the eligible sessions (stats untouched)."""
+        return _delete("property_object_views", plan, context)
+
+    @task(execution_timeout=DELETE_TIMEOUT)
+    def delete_sessions(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
+        """Delete eligible sessions that have no children left (never hits RESTRICT)."""
+        return _delete("sessions", plan, context)
+
+    @task(execution_timeout=timedelta(minutes=5))
+    def report(
+        plan: dict[str, Any],
+        action_events: dict[str, Any],
+        property_object_views: dict[str, Any],
+        sessions: dict[str, Any],
+        **context: Any,
+    ) -> dict[str, Any]:
+        """The seed's result {DeletedSessions, ..., HasMore}; completion log and metrics."""
+        from include.pin_airflow.runtime import telemetry_for
+        from include.pin_maintenance.jobs import activity_retention as job
+
+        steps = [
+            job.StepResult.from_xcom(s) for s in (action_events, property_object_views, sessions)
+        ]
+        result = job.report(job.RunPlan.from_xcom(plan), steps, telemetry_for(JOB, context))
+        return result.as_dict()
+
+    planned = prepare()
+    events = delete_action_events(planned)
+    views = delete_property_object_views(planned)
+    sessions = delete_sessions(planned)
+    events >> views >> sessions
+    report(planned, events, views, sessions)
+
+
+user_activity_retention()

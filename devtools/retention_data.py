@@ -1,0 +1,142 @@
+"""Realistic ``user_activity`` data for the retention job: sessions with children, set-based.
+
+``seed_sessions(conn, n_eligible, n_young, children_per_session)`` inserts, with a handful of
+``INSERT ... SELECT generate_series`` statements (no row-by-row round trips):
+
+- ``n_eligible`` Inactive sessions that ended 1 hour to ~``spread_days`` days before the
+  retention cutoff (distinct ``ended_at`` values, oldest first by index);
+- ``n_young`` sessions that must survive: half Inactive and ended ``young_age_days`` ago, half
+  Active (``ended_at`` null);
+- per session ``children_per_session`` property_object_views and as many action_events; every
+  event points at a view of its own session (``property_object_view_id``), and the first view
+  of a session points back at the session's first event (``apply_filter_event_id``): the
+  circular SET NULL references of the schema;
+- one ``property_object_view_stats`` row per property object (``n_property_objects`` of them),
+  which the job must never change.
+
+Ids are derived from ``tag`` (md5-based UUIDs) so several calls do not collide; the caller
+commits. Used by the retention tests, the demo and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+
+
+@dataclass(frozen=True)
+class SeededSessions:
+    tag: str
+    eligible_sessions: int
+    young_sessions: int
+    property_object_views: int
+    action_events: int
+
+
+_SESSIONS = """
+insert into user_activity.sessions
+  (id, user_id, anonymous_id, status, started_at, last_activity_at, ended_at, created_at)
+select md5(%(tag)s || ':s:' || i)::uuid,
+       case when i %% 2 = 0 then md5(%(tag)s || ':u:' || (i %% 997))::uuid end,
+       case when i %% 2 = 1 then md5(%(tag)s || ':a:' || i)::uuid end,
+       case when i > %(n_eligible)s and i %% 2 = 0 then 'Active' else 'Inactive' end,
+       e - interval '30 minutes', e, case
+         when i > %(n_eligible)s and i %% 2 = 0 then null else e end,
+       e - interval '30 minutes'
+from generate_series(1, %(n_eligible)s + %(n_young)s) as i
+cross join lateral (
+  select case
+    when i <= %(n_eligible)s then
+      now() - make_interval(days => %(retention_days)s) - interval '1 hour'
+        - make_interval(secs => (%(n_eligible)s - i) * %(step_seconds)s)
+    else now() - make_interval(days => %(young_age_days)s)
+        - make_interval(secs => i - %(n_eligible)s)
+  end as e
+) as t
+"""
+
+_VIEWS = """
+insert into user_activity.property_object_views
+  (id, session_id, property_object_id, apply_filter_event_id, started_at, ended_at, duration_ms)
+select md5(%(tag)s || ':v:' || i || ':' || j)::uuid,
+       md5(%(tag)s || ':s:' || i)::uuid,
+       md5(%(tag)s || ':p:' || ((i * 31 + j) %% %(n_property_objects)s))::uuid,
+       null, now() - interval '400 days', now() - interval '400 days', 1000 * j
+from generate_series(1, %(n_sessions)s) as i, generate_series(1, %(children)s) as j
+"""
+
+_EVENTS = """
+insert into user_activity.action_events
+  (id, session_id, property_object_view_id, type, occurred_at, payload)
+select md5(%(tag)s || ':e:' || i || ':' || j)::uuid,
+       md5(%(tag)s || ':s:' || i)::uuid,
+       md5(%(tag)s || ':v:' || i || ':' || j)::uuid,
+       case when j = 1 then 'ApplyFilter' else 'ViewPropertyObject' end,
+       now() - interval '400 days',
+       jsonb_build_object('n', j)
+from generate_series(1, %(n_sessions)s) as i, generate_series(1, %(children)s) as j
+"""
+
+_BACK_REFERENCES = """
+update user_activity.property_object_views v
+set apply_filter_event_id = md5(%(tag)s || ':e:' || i || ':1')::uuid
+from generate_series(1, %(n_sessions)s) as i
+where v.id = md5(%(tag)s || ':v:' || i || ':1')::uuid
+"""
+
+_STATS = """
+insert into user_activity.property_object_view_stats
+  (property_object_id, views_count, total_duration_ms, updated_at)
+select md5(%(tag)s || ':p:' || k)::uuid, 100 + k, 100000 + k, now() - interval '1 day'
+from generate_series(0, %(n_property_objects)s - 1) as k
+on conflict (property_object_id) do nothing
+"""
+
+
+def session_id(tag: str, i: int) -> uuid.UUID:
+    """The id ``seed_sessions`` gave session number ``i`` (1-based; eligible ones come first)."""
+    import hashlib
+
+    return uuid.UUID(hashlib.md5(f"{tag}:s:{i}".encode()).hexdigest())  # noqa: S324 (ids only)
+
+
+def seed_sessions(
+    conn: psycopg.Connection,
+    n_eligible: int,
+    n_young: int,
+    children_per_session: int,
+    *,
+    tag: str | None = None,
+    retention_days: int = 365,
+    young_age_days: int = 30,
+    step_seconds: int = 60,
+    n_property_objects: int = 100,
+) -> SeededSessions:
+    """Insert the data described in the module docstring; the caller commits."""
+    params = {
+        "tag": tag or uuid.uuid4().hex[:12],
+        "n_eligible": n_eligible,
+        "n_young": n_young,
+        "n_sessions": n_eligible + n_young,
+        "children": children_per_session,
+        "retention_days": retention_days,
+        "young_age_days": young_age_days,
+        "step_seconds": step_seconds,
+        "n_property_objects": max(n_property_objects, 1),
+    }
+    conn.execute(_SESSIONS, params)
+    if children_per_session > 0:
+        conn.execute(_VIEWS, params)
+        conn.execute(_EVENTS, params)
+        conn.execute(_BACK_REFERENCES, params)
+    conn.execute(_STATS, params)
+    n = n_eligible + n_young
+    return SeededSessions(
+        tag=params["tag"],
+        eligible_sessions=n_eligible,
+        young_sessions=n_young,
+        property_object_views=n * children_per_session,
+        action_events=n * children_per_session,
+    )

@@ -1,0 +1,377 @@
+"""A local selections service for the demo, the tests and the benchmark (DESIGN section 6).
+
+A real HTTP/1.1 server on loopback (keep-alive, one thread per connection) implementing
+``POST /internal/snapshots/{id}/detach`` with a JSON body ``{"reason": ...}``:
+
+- HTTP basic auth is checked on every call (401 on bad or missing credentials);
+- detach is idempotent: the first successful call marks the snapshot detached, later ones
+  answer 200 again with ``"already_detached": true`` (INV-SNP-005);
+- configurable latency, a random failure mix (503s) and an optional capacity limit
+  (``max_concurrent`` calls served at once; the rest queue), so a benchmark knows the capacity;
+- per-snapshot scripted behaviours, as a sequence (the last one repeats):
+  ``ok``, ``already_detached``, ``error_500``, ``error_503``, ``slow`` (answers after
+  ``slow_seconds``, beyond any sane timeout), ``drop`` (closes the socket without answering),
+  ``not_found`` (404), ``rate_limited`` (429 with ``Retry-After``), ``unauthorized`` (401),
+  ``forbidden`` (403), ``bad_request`` (400).
+
+Every call is recorded (snapshot id, idempotency key, reason, answer) so tests can assert that a
+snapshot was "called once". In-process use::
+
+    with SelectionsService(latency_ms=20) as svc:
+        svc.script(snapshot_id, "error_503", "ok")
+        ... svc.url ... svc.call_count(snapshot_id)
+
+From a shell: ``python -m devtools.selections_service --port 0 --latency-ms 20`` prints
+``selections service listening on http://127.0.0.1:<port>`` and serves until Ctrl-C / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import random
+import re
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+BEHAVIOURS = (
+    "ok",
+    "already_detached",
+    "error_500",
+    "error_503",
+    "slow",
+    "drop",
+    "not_found",
+    "rate_limited",
+    "unauthorized",
+    "forbidden",
+    "bad_request",
+)
+_PATH = re.compile(r"^/internal/snapshots/(?P<id>[^/]+)/detach/?$")
+DEFAULT_LOGIN = "pin-maintenance"
+DEFAULT_PASSWORD = "local-dev-secret"
+
+
+@dataclass(frozen=True)
+class Call:
+    snapshot_id: str
+    idempotency_key: str | None
+    reason: str | None
+    behaviour: str
+    status: int | None  # None = connection dropped / abandoned
+    authorized: bool
+    at: float
+
+
+class SelectionsService:
+    """The fake selections internal API; start()/stop() or use as a context manager."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        login: str = DEFAULT_LOGIN,
+        password: str = DEFAULT_PASSWORD,
+        latency_ms: float = 0.0,
+        failure_rate: float = 0.0,
+        slow_seconds: float = 30.0,
+        retry_after_seconds: int = 120,
+        max_concurrent: int | None = None,
+        seed: int | None = None,
+        known_snapshots: set[str] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.login = login
+        self.password = password
+        self.latency_ms = latency_ms
+        self.failure_rate = failure_rate
+        self.slow_seconds = slow_seconds
+        self.retry_after_seconds = retry_after_seconds
+        # None = every snapshot exists; otherwise unknown ids answer 404
+        self.known_snapshots = known_snapshots
+        self._capacity = threading.BoundedSemaphore(max_concurrent) if max_concurrent else None
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._scripts: dict[str, list[str]] = {}
+        self._detached: set[str] = set()
+        self.calls: list[Call] = []
+        self._stopping = threading.Event()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- control ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("selections service is not started")
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> SelectionsService:
+        if self._server is not None:
+            return self
+        self._stopping.clear()
+        server = _Server((self.host, self.port), _Handler)
+        server.service = self
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.1},
+            name="selections-service",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping.set()  # wakes "slow" handlers
+        server.shutdown()
+        server.server_close()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> SelectionsService:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def script(self, snapshot_id: str, *behaviours: str) -> None:
+        """Answer the next calls for ``snapshot_id`` with ``behaviours`` (the last repeats)."""
+        for b in behaviours:
+            if b not in BEHAVIOURS:
+                raise ValueError(f"unknown behaviour {b!r}; known: {', '.join(BEHAVIOURS)}")
+        if not behaviours:
+            raise ValueError("script() needs at least one behaviour")
+        with self._lock:
+            self._scripts[str(snapshot_id)] = list(behaviours)
+            if "already_detached" in behaviours:
+                self._detached.add(str(snapshot_id))
+
+    def mark_detached(self, snapshot_id: str) -> None:
+        with self._lock:
+            self._detached.add(str(snapshot_id))
+
+    def is_detached(self, snapshot_id: str) -> bool:
+        with self._lock:
+            return str(snapshot_id) in self._detached
+
+    def call_count(self, snapshot_id: str) -> int:
+        with self._lock:
+            return sum(1 for c in self.calls if c.snapshot_id == str(snapshot_id))
+
+    def call_counts(self) -> Counter[str]:
+        with self._lock:
+            return Counter(c.snapshot_id for c in self.calls)
+
+    def calls_for(self, snapshot_id: str) -> list[Call]:
+        with self._lock:
+            return [c for c in self.calls if c.snapshot_id == str(snapshot_id)]
+
+    def reset_calls(self) -> None:
+        with self._lock:
+            self.calls.clear()
+
+    # -- request handling (handler threads) --------------------------------------------------
+
+    def _next_behaviour(self, snapshot_id: str) -> str:
+        with self._lock:
+            script = self._scripts.get(snapshot_id)
+            if script:
+                return script.pop(0) if len(script) > 1 else script[0]
+        if self.known_snapshots is not None and snapshot_id not in self.known_snapshots:
+            return "not_found"
+        if self.failure_rate and self._rng.random() < self.failure_rate:
+            return "error_503"
+        return "ok"
+
+    def _authorized(self, header: str | None) -> bool:
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            decoded = base64.b64decode(header[6:], validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        login, _, password = decoded.partition(":")
+        return login == self.login and password == self.password
+
+    def _record(self, call: Call) -> None:
+        with self._lock:
+            self.calls.append(call)
+
+    def handle_detach(self, handler: _Handler, snapshot_id: str, body: bytes) -> None:
+        key = handler.headers.get("Idempotency-Key")
+        try:
+            reason = json.loads(body or b"{}").get("reason")
+        except (ValueError, AttributeError):
+            reason = None
+        authorized = self._authorized(handler.headers.get("Authorization"))
+        behaviour = self._next_behaviour(snapshot_id) if authorized else "unauthorized"
+
+        def record(status: int | None) -> None:
+            self._record(Call(snapshot_id, key, reason, behaviour, status, authorized, time.time()))
+
+        with self._capacity or contextlib.nullcontext():
+            if self.latency_ms:
+                time.sleep(self.latency_ms / 1000)
+            if behaviour == "drop":
+                record(None)
+                handler.close_connection = True
+                with contextlib.suppress(OSError):
+                    handler.connection.shutdown(2)  # SHUT_RDWR: the client sees a reset/EOF
+                return
+            if behaviour == "slow":
+                if self._stopping.wait(self.slow_seconds):
+                    record(None)
+                    handler.close_connection = True
+                    return
+                behaviour_status = 200
+            else:
+                behaviour_status = _STATUS[behaviour]
+            if behaviour_status == 200 and reason not in ("BlockReplaced", "PostDeleted"):
+                behaviour_status = 400
+            already = False
+            if behaviour_status == 200:
+                with self._lock:
+                    already = snapshot_id in self._detached
+                    self._detached.add(snapshot_id)
+            record(behaviour_status)
+            headers = {}
+            if behaviour_status == 429:
+                headers["Retry-After"] = str(self.retry_after_seconds)
+            if behaviour_status == 401:
+                headers["WWW-Authenticate"] = 'Basic realm="selections"'
+            payload: dict[str, Any] = (
+                {"snapshot_id": snapshot_id, "status": "Detached", "already_detached": already}
+                if behaviour_status == 200
+                else {"error": behaviour}
+            )
+            handler.send_json(behaviour_status, payload, headers)
+
+
+_STATUS = {
+    "ok": 200,
+    "already_detached": 200,
+    "error_500": 500,
+    "error_503": 503,
+    "not_found": 404,
+    "rate_limited": 429,
+    "unauthorized": 401,
+    "forbidden": 403,
+    "bad_request": 400,
+}
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False  # kept-alive client connections must not hold up stop()
+    allow_reuse_address = True
+    request_queue_size = 256
+    service: SelectionsService
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
+    server_version = "pin-selections-dev/1"
+    timeout = 60  # idle kept-alive connections are closed after this
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return  # quiet: calls are recorded on the service
+
+    def send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str]) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def do_POST(self) -> None:
+        body = self._body()
+        match = _PATH.match(self.path.split("?", 1)[0])
+        if not match:
+            self.send_json(404, {"error": "no such endpoint"}, {})
+            return
+        self.server.service.handle_detach(self, match.group("id"), body)
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self.send_json(200, {"status": "ok"}, {})
+        else:
+            self.send_json(404, {"error": "no such endpoint"}, {})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.selections_service", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 = any free port")
+    parser.add_argument("--login", default=DEFAULT_LOGIN)
+    parser.add_argument("--password", default=DEFAULT_PASSWORD)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--failure-rate", type=float, default=0.0, help="share of 503 answers")
+    parser.add_argument("--max-concurrent", type=int, default=None, help="capacity limit")
+    parser.add_argument("--slow-seconds", type=float, default=30.0)
+    parser.add_argument("--retry-after-seconds", type=int, default=120)
+    parser.add_argument(
+        "--script",
+        action="append",
+        default=[],
+        metavar="SNAPSHOT_ID=B1[,B2...]",
+        help=f"scripted behaviours for a snapshot; behaviours: {', '.join(BEHAVIOURS)}",
+    )
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    service = SelectionsService(
+        args.host,
+        args.port,
+        login=args.login,
+        password=args.password,
+        latency_ms=args.latency_ms,
+        failure_rate=args.failure_rate,
+        slow_seconds=args.slow_seconds,
+        retry_after_seconds=args.retry_after_seconds,
+        max_concurrent=args.max_concurrent,
+        seed=args.seed,
+    )
+    for item in args.script:
+        snapshot_id, _, behaviours = item.partition("=")
+        service.script(snapshot_id, *behaviours.split(","))
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    service.start()
+    print(f"selections service listening on {service.url}", flush=True)
+    try:
+        stopped.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        service.stop()
+        print(f"selections service stopped after {len(service.calls)} calls", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

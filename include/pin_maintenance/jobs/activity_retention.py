@@ -1,0 +1,563 @@
+"""ActivityRetentionJob (seed 003): delete Inactive sessions past retention, children first.
+
+What is deleted: ``user_activity.sessions`` with ``status = 'Inactive' and ended_at < cutoff``,
+``cutoff = now() - retention_period_days`` on the database server's clock, together with their
+``action_events`` and ``property_object_views``. ``property_object_view_stats`` is never read
+or written (INV-LVS-002: the aggregate outlives the raw views).
+
+Shape (DESIGN section 7): one run is
+
+1. :func:`prepare`: validate nothing more (the config is already resolved), compute the cutoff
+   and the run deadline ONCE on the server clock, count the eligible backlog. Its
+   :class:`RunPlan` is a handful of scalars (an XCom in the DAG).
+2. :func:`delete_step` three times, in FK order: ``action_events``, ``property_object_views``,
+   ``sessions``. Each step walks the eligible sessions oldest first in batches of
+   ``batch_size`` ids (keyset on ``(ended_at, id)``, ``FOR UPDATE SKIP LOCKED``), one
+   transaction per batch, and deletes its own table's rows of that batch by ``session_id``.
+   The ``sessions`` step deletes only sessions of the batch that have no child rows left
+   (``NOT EXISTS`` on both child tables), so it never hits the RESTRICT foreign keys and never
+   removes a session whose children an earlier step left behind (bounded, failed or skipped);
+   those stay eligible and the next run finishes them (data-driven resume, no checkpoint).
+3. :func:`report`: the seed's result ``{DeletedSessions, ..., HasMore}``, the completion log
+   line and the run-level metrics.
+
+:func:`run` does all of that in one process under one lock (tests, the CLI); the DAG runs each
+step as its own task.
+
+Why a keyset walk instead of "sessions that still have children": every step of a run walks
+the same ordered prefix of the eligible set (at most ``max_batches_per_run`` batches), so
+the sessions step sees exactly the sessions the child steps cleaned. A filter such as
+``EXISTS (children)`` would re-scan, batch after batch, the already cleaned head of the set
+(quadratic over a run), while the keyset makes each batch one index range read. Only the last
+key of a batch is carried to the next one, and the batch's ids live in memory only while that
+batch runs: memory stays flat whatever the backlog.
+
+Why SKIP LOCKED and the advisory lock both: the lock ``job:scheduled:activity-retention`` keeps
+a second deployment, a manual ``airflow tasks test`` or an old worker out; the row locks make
+even two lock-less runs delete every row exactly once (seed, "Duplicate run").
+
+Lock TTL: each delete step holds the lock on its own connection for as long as it runs, as a
+lease of ``max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS``. A step checks its budget
+between batches only, so it can overrun the run deadline by at most one batch: two
+statements, each bounded by ``statement_timeout`` (:data:`SESSION_SETTINGS`, 2 x 120 s < 300 s
+margin). A holder that hangs longer loses the lock to the server, so it cannot block later runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from include.pin_maintenance import sql
+from include.pin_maintenance.config import ConfigSpec, Setting
+from include.pin_maintenance.db import Connect, SessionSettings, advisory_lock, configured
+from include.pin_maintenance.runloop import (
+    JobCancelled,
+    LoopLimits,
+    LoopResult,
+    StopReason,
+    StopSignal,
+    run_batches,
+)
+from include.pin_maintenance.telemetry import (
+    Alert,
+    JobLog,
+    LogOnlyAlerts,
+    RecordingMetrics,
+    Telemetry,
+)
+
+JOB = "user_activity_retention"
+LOCK_NAME = "job:scheduled:activity-retention"
+LOCK_TTL_MARGIN_SECONDS = 300
+
+# Statements of one batch touch up to batch_size sessions and all their children (RI triggers
+# included): allow more than the 30 s default, still far below the lock lease margin.
+SESSION_SETTINGS = SessionSettings(
+    statement_timeout_ms=120_000,
+    lock_timeout_ms=5_000,
+    application_name="pin-activity-retention",
+)
+
+CONFIG = ConfigSpec(
+    job=JOB,
+    settings=(
+        Setting(
+            "retention_period_days",
+            365,
+            minimum=1,
+            help="Inactive sessions whose ended_at is older than this many days are deleted.",
+        ),
+        Setting(
+            "batch_size",
+            5000,
+            minimum=1,
+            maximum=50_000,
+            help="Sessions per batch (one transaction per batch and table).",
+        ),
+        Setting(
+            "max_batches_per_run",
+            200,
+            minimum=1,
+            help="Upper bound of batches per delete task; the rest waits for the next run.",
+        ),
+        Setting(
+            "max_run_duration_seconds",
+            1800,
+            kind=float,
+            minimum=0,
+            exclusive_minimum=True,
+            help="Time budget of the whole run, checked between batches.",
+        ),
+    ),
+    extra_params=frozenset({"dry_run"}),
+)
+
+# Child tables first: the RESTRICT foreign keys on sessions(id) demand it (seed, step 4).
+TABLES: tuple[str, ...] = ("action_events", "property_object_views", "sessions")
+
+_DELETE_SQL = {
+    "action_events": "retention/delete_action_events",
+    "property_object_views": "retention/delete_property_object_views",
+    "sessions": "retention/delete_childless_sessions",
+}
+_COUNT_SQL = {
+    "action_events": "retention/count_action_events",
+    "property_object_views": "retention/count_property_object_views",
+    "sessions": "retention/count_sessions",
+}
+DELETED_METRIC = {
+    "action_events": "activity_retention_deleted_action_events",
+    "property_object_views": "activity_retention_deleted_property_object_views",
+    "sessions": "activity_retention_deleted_sessions",
+}
+RESULT_FIELD = {
+    "action_events": "DeletedActionEvents",
+    "property_object_views": "DeletedPropertyObjectViews",
+    "sessions": "DeletedSessions",
+}
+
+# Keyset start: before every possible (ended_at, id).
+_KEY_START = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
+
+
+class BatchFailed(RuntimeError):
+    """A batch failed and was rolled back; earlier batches of the step stay committed."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What every task of one run acts on: the same cutoff, deadline and bounds (an XCom)."""
+
+    cutoff: datetime
+    deadline_at: datetime
+    started_at_unix: float
+    retention_period_days: int
+    batch_size: int
+    max_batches_per_run: int
+    max_run_duration_seconds: float
+    eligible_backlog: int
+    dry_run: bool = False
+
+    def to_xcom(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["cutoff"] = self.cutoff.isoformat()
+        data["deadline_at"] = self.deadline_at.isoformat()
+        return data
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> RunPlan:
+        values = dict(data)
+        values["cutoff"] = datetime.fromisoformat(values["cutoff"])
+        values["deadline_at"] = datetime.fromisoformat(values["deadline_at"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One delete task: rows of its table deleted (or counted, in a dry run) and how it ended."""
+
+    table: str
+    rows: int = 0
+    batches: int = 0
+    stop_reason: str = StopReason.DRAINED.value
+    lock_skipped: bool = False
+    dry_run: bool = False
+
+    @property
+    def has_more(self) -> bool:
+        """A bound or a busy lock, not an exhausted eligible set, ended the step."""
+        return self.lock_skipped or self.stop_reason != StopReason.DRAINED.value
+
+    def to_xcom(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> StepResult:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    """The seed's result (step 8). ``batches_processed`` counts committed batch transactions
+    of all three delete steps (the same as the activity_retention_batches_processed counter).
+    """
+
+    deleted_sessions: int = 0
+    deleted_property_object_views: int = 0
+    deleted_action_events: int = 0
+    batches_processed: int = 0
+    has_more: bool = False
+    dry_run: bool = False
+    steps: tuple[StepResult, ...] = field(default=(), compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "DeletedSessions": self.deleted_sessions,
+            "DeletedPropertyObjectViews": self.deleted_property_object_views,
+            "DeletedActionEvents": self.deleted_action_events,
+            "BatchesProcessed": self.batches_processed,
+            "HasMore": self.has_more,
+            "DryRun": self.dry_run,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# prepare
+
+
+def prepare(
+    connect: Connect,
+    config: dict[str, Any],
+    telemetry: Telemetry,
+    *,
+    dry_run: bool = False,
+    wall_clock: Callable[[], float] = time.time,
+) -> RunPlan:
+    """Fix the run's cutoff and deadline on the server clock and measure the backlog.
+
+    ``config`` must come from ``CONFIG.resolve`` (validated). Reads only, takes no lock: the
+    delete steps take it, each for itself, because each runs in its own task process.
+    """
+    conn = connect()
+    try:
+        cutoff, deadline_at = conn.execute(
+            sql.load("retention/plan_run"),
+            {
+                "retention_period_days": int(config["retention_period_days"]),
+                "max_run_duration_seconds": float(config["max_run_duration_seconds"]),
+            },
+        ).fetchone()
+        backlog = conn.execute(
+            sql.load("retention/count_eligible_sessions"), {"cutoff": cutoff}
+        ).fetchone()[0]
+        conn.rollback()
+    finally:
+        conn.close()
+    plan = RunPlan(
+        cutoff=cutoff,
+        deadline_at=deadline_at,
+        started_at_unix=wall_clock(),
+        retention_period_days=int(config["retention_period_days"]),
+        batch_size=int(config["batch_size"]),
+        max_batches_per_run=int(config["max_batches_per_run"]),
+        max_run_duration_seconds=float(config["max_run_duration_seconds"]),
+        eligible_backlog=int(backlog),
+        dry_run=bool(dry_run),
+    )
+    telemetry.metrics.gauge("activity_retention_eligible_backlog", plan.eligible_backlog)
+    telemetry.log.info(
+        "started",
+        cutoff=plan.cutoff.isoformat(),
+        batch_size=plan.batch_size,
+        max_batches_per_run=plan.max_batches_per_run,
+        max_run_duration_seconds=plan.max_run_duration_seconds,
+        retention_period_days=plan.retention_period_days,
+        eligible_backlog=plan.eligible_backlog,
+        dry_run=plan.dry_run,
+    )
+    return plan
+
+
+# --------------------------------------------------------------------------------------------
+# one delete step
+
+
+def delete_step(
+    connect: Connect,
+    plan: RunPlan,
+    table: str,
+    telemetry: Telemetry,
+    stop: StopSignal,
+    *,
+    lock_name: str | None = LOCK_NAME,
+) -> StepResult:
+    """Delete ``table``'s rows of the eligible sessions, batch by batch, under the job lock.
+
+    Busy lock: a warning ``lock_skip``, ``activity_retention_lock_contention_total`` + 1, and a
+    no-op result (the task succeeds; the rows stay eligible for the next run).
+    ``lock_name=None`` runs without the advisory lock: only ``run`` (which already holds it)
+    and the tests of the SKIP LOCKED isolation use that.
+
+    A failing batch rolls back alone (earlier batches stay committed), is logged with its ids
+    and alerted as ``retention_batch_failed``, and the step raises :class:`BatchFailed`.
+    A stop request ends the step between batches and raises :class:`JobCancelled`.
+    """
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
+    if plan.dry_run:
+        return _walk(connect, plan, table, telemetry, stop)
+    if lock_name is None:
+        return _walk(connect, plan, table, telemetry, stop)
+    ttl = plan.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
+    with advisory_lock(connect, lock_name, ttl) as held:
+        if not held:
+            telemetry.metrics.incr("activity_retention_lock_contention_total")
+            telemetry.log.warning("lock_skip", lock=lock_name, table=table)
+            return StepResult(table=table, lock_skipped=True)
+        return _walk(connect, plan, table, telemetry, stop)
+
+
+def _walk(
+    connect: Connect, plan: RunPlan, table: str, telemetry: Telemetry, stop: StopSignal
+) -> StepResult:
+    log = telemetry.log
+    conn = connect()
+    try:
+        remaining = conn.execute(
+            sql.load("retention/seconds_until"), {"deadline_at": plan.deadline_at}
+        ).fetchone()[0]
+        conn.rollback()
+        walker = _BatchWalker(conn, plan, table, telemetry)
+        # The first batch always runs (run_batches), so a run whose earlier tasks used up the
+        # budget still makes progress; later batches stop at the run deadline.
+        limits = LoopLimits(
+            max_duration_seconds=max(float(remaining), 0.0),
+            max_batches=plan.max_batches_per_run,
+        )
+        loop: LoopResult = run_batches(walker.batch, limits, stop)
+    finally:
+        conn.close()
+    result = StepResult(
+        table=table,
+        rows=walker.rows,
+        batches=walker.batches,
+        stop_reason=loop.stop_reason.value,
+        dry_run=plan.dry_run,
+    )
+    log.info(
+        "step_completed",
+        table=table,
+        rows=result.rows,
+        batches=result.batches,
+        stop_reason=result.stop_reason,
+        has_more=result.has_more,
+        dry_run=plan.dry_run,
+    )
+    if loop.stop_reason is StopReason.CANCELLED:
+        log.warning("cancelled", table=table, batches=walker.batches, reason=stop.reason)
+        raise JobCancelled(
+            f"{table}: stopped between batches after {walker.batches} committed batch(es) "
+            f"({stop.reason})"
+        )
+    return result
+
+
+class _BatchWalker:
+    """The state of one step's keyset walk: the last key and running totals, nothing more."""
+
+    def __init__(
+        self, conn: psycopg.Connection, plan: RunPlan, table: str, telemetry: Telemetry
+    ) -> None:
+        self.conn = conn
+        self.plan = plan
+        self.table = table
+        self.telemetry = telemetry
+        self.after_ended_at, self.after_id = _KEY_START
+        self.rows = 0
+        self.batches = 0
+        self._select = sql.load(
+            "retention/peek_session_batch" if plan.dry_run else "retention/claim_session_batch"
+        )
+        self._act = sql.load(_COUNT_SQL[table] if plan.dry_run else _DELETE_SQL[table])
+
+    def batch(self, index: int) -> bool:
+        ids: list[uuid.UUID] = []
+        try:
+            rows = self.conn.execute(
+                self._select,
+                {
+                    "cutoff": self.plan.cutoff,
+                    "after_ended_at": self.after_ended_at,
+                    "after_id": self.after_id,
+                    "batch_size": self.plan.batch_size,
+                },
+            ).fetchall()
+            if not rows:
+                self.conn.rollback()
+                return False
+            ids = [r[0] for r in rows]
+            cur = self.conn.execute(self._act, {"session_ids": ids, "cutoff": self.plan.cutoff})
+            affected = cur.fetchone()[0] if self.plan.dry_run else cur.rowcount
+            if self.plan.dry_run:
+                self.conn.rollback()
+            else:
+                self.conn.commit()
+        except psycopg.Error as exc:
+            self._fail(index, ids, exc)
+        self.after_ended_at, self.after_id = rows[-1][1], rows[-1][0]
+        self.rows += affected
+        self.batches += 1
+        if not self.plan.dry_run:
+            self.telemetry.metrics.incr(DELETED_METRIC[self.table], affected)
+            self.telemetry.metrics.incr("activity_retention_batches_processed")
+        self.telemetry.log.debug(
+            "batch",
+            table=self.table,
+            batch_index=index,
+            sessions=len(ids),
+            rows=affected,
+            dry_run=self.plan.dry_run,
+        )
+        return len(rows) >= self.plan.batch_size
+
+    def _fail(self, index: int, ids: Sequence[uuid.UUID], exc: psycopg.Error) -> None:
+        try:
+            self.conn.rollback()
+        except psycopg.Error:
+            pass  # the connection is gone: the server rolled the batch back already
+        batch_ids = {"first": str(ids[0]), "last": str(ids[-1]), "count": len(ids)} if ids else {}
+        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        self.telemetry.log.error(
+            "batch_failed",
+            table=self.table,
+            batch_index=index,
+            batch_ids=json.dumps(batch_ids),
+            committed_batches=self.batches,
+            error=error,
+        )
+        self.telemetry.alerts.send(
+            Alert(
+                name="retention_batch_failed",
+                severity="warning",
+                summary=(
+                    f"activity retention: batch {index} of {self.table} failed and was rolled "
+                    f"back; {self.batches} earlier batch(es) stay committed"
+                ),
+                details={"table": self.table, "batch_ids": batch_ids, "error": error},
+            )
+        )
+        raise BatchFailed(
+            f"{self.table}: batch {index} ({len(ids)} sessions, first {batch_ids.get('first')}, "
+            f"last {batch_ids.get('last')}) failed and was rolled back: {error}"
+        ) from exc
+
+
+# --------------------------------------------------------------------------------------------
+# report and the whole run
+
+
+def report(
+    plan: RunPlan,
+    steps: Sequence[StepResult],
+    telemetry: Telemetry,
+    *,
+    wall_clock: Callable[[], float] = time.time,
+) -> RetentionResult:
+    """Sum the steps into the seed's result, log ``completed``, emit the run-level metrics."""
+    by_table = {s.table: s for s in steps}
+    result = RetentionResult(
+        deleted_sessions=by_table.get("sessions", StepResult("sessions")).rows,
+        deleted_property_object_views=by_table.get(
+            "property_object_views", StepResult("property_object_views")
+        ).rows,
+        deleted_action_events=by_table.get("action_events", StepResult("action_events")).rows,
+        batches_processed=sum(s.batches for s in steps),
+        has_more=any(s.has_more for s in steps),
+        dry_run=plan.dry_run,
+        steps=tuple(steps),
+    )
+    duration = max(wall_clock() - plan.started_at_unix, 0.0)
+    telemetry.metrics.timing("activity_retention_run_duration_seconds", timedelta(seconds=duration))
+    telemetry.metrics.gauge("activity_retention_last_success_timestamp_seconds", wall_clock())
+    telemetry.log.info(
+        "completed",
+        **result.as_dict(),
+        lock_skipped_steps=",".join(s.table for s in steps if s.lock_skipped) or "none",
+        eligible_backlog=plan.eligible_backlog,
+        duration_seconds=duration,
+    )
+    return result
+
+
+def run(
+    connect: Connect,
+    config: dict[str, Any],
+    telemetry: Telemetry,
+    stop: StopSignal,
+    *,
+    dry_run: bool = False,
+) -> RetentionResult:
+    """One whole run in one process: prepare, the three delete steps under one lock, report."""
+    plan = prepare(connect, config, telemetry, dry_run=dry_run)
+    if dry_run:
+        steps = [delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES]
+        return report(plan, steps, telemetry)
+    ttl = plan.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
+    with advisory_lock(connect, LOCK_NAME, ttl) as held:
+        if not held:
+            telemetry.metrics.incr("activity_retention_lock_contention_total")
+            telemetry.log.warning("lock_skip", lock=LOCK_NAME, table="all")
+            steps = [StepResult(table=t, lock_skipped=True) for t in TABLES]
+        else:
+            steps = [
+                delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES
+            ]
+    return report(plan, steps, telemetry)
+
+
+# --------------------------------------------------------------------------------------------
+# command line: the job without Airflow (python -m include.pin_maintenance.jobs.activity_retention)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m include.pin_maintenance.jobs.activity_retention",
+        description="Run ActivityRetentionJob once against a database (no Airflow needed).",
+    )
+    parser.add_argument("--db-url", required=True, help="libpq URL of the user-activity DB")
+    parser.add_argument("--config", default="", help='JSON object, e.g. {"batch_size": 100}')
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--run-id", default=f"cli__{uuid.uuid4().hex[:8]}")
+    parser.add_argument("--lock-timeout-ms", type=int, default=SESSION_SETTINGS.lock_timeout_ms)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
+
+    config = CONFIG.resolve(args.config or None, None)
+    settings = SessionSettings(
+        statement_timeout_ms=SESSION_SETTINGS.statement_timeout_ms,
+        lock_timeout_ms=args.lock_timeout_ms,
+        application_name=SESSION_SETTINGS.application_name,
+    )
+    connect = configured(lambda: psycopg.connect(args.db_url), settings)
+    log = JobLog(JOB, args.run_id)
+    telemetry = Telemetry(log=log, metrics=RecordingMetrics(), alerts=LogOnlyAlerts(log))
+    stop = StopSignal()
+    with stop.on_sigterm():
+        result = run(connect, config, telemetry, stop, dry_run=args.dry_run)
+    print(json.dumps(result.as_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

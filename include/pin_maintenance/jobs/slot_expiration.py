@@ -1,0 +1,516 @@
+"""SlotExpirationJob (seed 002): Available slots whose start has passed become Expired.
+
+One cycle fixes ``AsOf`` once, then takes batches of the oldest due slots
+(``status = 'Available' and start_at <= AsOf``) under ``FOR UPDATE SKIP LOCKED`` and moves each
+batch to ``Expired`` (``updated_at = AsOf``, ``version + 1``) in one statement and one
+transaction. It keeps going while batches come back full and ``max_run_duration_seconds``
+allows; whatever is left waits for the next cycle. There is no global lock: parallel runners
+(and in-flight bookings) are kept apart by the row locks alone, so every slot is expired by
+exactly one of them. Booked, Expired, Archived and future slots never match the predicate, so a
+second pass is a no-op (idempotent by state, no checkpoint).
+
+Failures:
+
+* A poison row (a trigger, a constraint or a bad value fails the statement for one slot): the
+  batch is retried in a fresh transaction that locks the same selection and bisects it under
+  savepoints. The good rows commit together; each poison slot is logged at ERROR with its id,
+  counted in ``calendar_slot_expiration_errors_total``, alerted
+  (``slot_expiration_poison_row``) and excluded for the rest of the cycle; the next cycle tries
+  it again.
+* An infrastructure failure (connection lost, statement or lock timeout, server shutdown) rolls
+  the batch back and fails the run; the next cycle retries the same, still Available, rows.
+* Cancellation (SIGTERM) is checked between batches: the batch in hand commits or rolls back as
+  a whole and its row locks go with the transaction.
+
+Run it without Airflow::
+
+    python -m include.pin_maintenance.jobs.slot_expiration --dsn postgresql:///db [--dry-run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from include.pin_maintenance import sql
+from include.pin_maintenance.config import ConfigError, ConfigSpec, Setting
+from include.pin_maintenance.db import Connect, SessionSettings, configured
+from include.pin_maintenance.runloop import (
+    JobCancelled,
+    LoopLimits,
+    StopReason,
+    StopSignal,
+    run_batches,
+)
+from include.pin_maintenance.telemetry import (
+    Alert,
+    JobLog,
+    LogOnlyAlerts,
+    RecordingMetrics,
+    Telemetry,
+)
+
+JOB = "calendar_slot_expiration"
+CONN_ID = "calendar_db"
+
+CONFIG = ConfigSpec(
+    job=JOB,
+    settings=(
+        Setting(
+            "batch_size",
+            500,
+            minimum=1,
+            maximum=10_000,
+            help="Slots expired per batch (one statement, one transaction).",
+        ),
+        Setting(
+            "max_run_duration_seconds",
+            30,
+            kind=float,
+            minimum=0,
+            exclusive_minimum=True,
+            help="No new batch starts after this many seconds; the rest waits for the next cycle.",
+        ),
+    ),
+    extra_params=frozenset({"dry_run"}),
+)
+
+# One statement never runs longer than this; a slow batch is an infrastructure failure.
+SESSION = SessionSettings(
+    statement_timeout_ms=30_000, lock_timeout_ms=5_000, application_name="pin-slot-expiration"
+)
+
+# Metric names are a contract (BRIEF / seed "Наблюдаемость"); do not rename.
+M_CYCLE_DURATION = "calendar_slot_expiration_cycle_duration_seconds"
+M_ITEMS = "calendar_slot_expiration_items_total"
+M_BACKLOG = "calendar_slot_expiration_backlog"
+M_SKIP_LOCKED = "calendar_slot_expiration_skip_locked_total"
+M_ERRORS = "calendar_slot_expiration_errors_total"
+M_LAST_SUCCESS = "calendar_slot_expiration_last_success_timestamp_seconds"
+
+POISON_ALERT = "slot_expiration_poison_row"
+# A trigger that rejects every row would otherwise raise one alert per slot; past this many in
+# one cycle the rest are only logged and counted (errors_total keeps the true number).
+MAX_POISON_ALERTS_PER_CYCLE = 20
+ERROR_TEXT_LIMIT = 300
+# Counts (backlog, skipped, dry run) stop here so a huge backlog costs a bounded index range
+# read; the backlog alert fires at 5000, far below.
+COUNT_CAP = 1_000_000
+
+# SQLSTATE classes that mean "the database or our session is unwell", not "this row is bad":
+# connection (08), resources (53), operator intervention incl. statement timeout and shutdown
+# (57), system (58), transaction rollback incl. deadlock/serialization (40), internal (XX),
+# config/file (F0), plus lock_not_available (55P03, lock_timeout) and syntax/privilege (42:
+# a statement that cannot run at all fails every row alike, so bisecting it is pointless).
+_INFRASTRUCTURE_CLASSES = frozenset({"08", "40", "42", "53", "57", "58", "F0", "XX"})
+_INFRASTRUCTURE_STATES = frozenset({"55P03", "55000", "55006"})
+
+
+def is_row_error(sqlstate: str | None) -> bool:
+    """True when a failed batch statement may be caused by individual rows (isolate them).
+
+    Data exceptions (22: out of range, invalid value), integrity violations (23: check, not
+    null, unique, foreign key), exceptions raised by triggers (P0) and other statement-level
+    errors are row errors. A missing SQLSTATE means the client lost the server: infrastructure.
+    """
+    if not sqlstate or len(sqlstate) != 5:
+        return False
+    if sqlstate in _INFRASTRUCTURE_STATES:
+        return False
+    return sqlstate[:2] not in _INFRASTRUCTURE_CLASSES
+
+
+def bisect_plan(size: int, failing: frozenset[int]) -> tuple[list[int], list[int], int]:
+    """Simulate :func:`_expire_isolating` on ``size`` rows: (good rows, poison rows, statements).
+
+    A pure model of the bisection used by the unit tests: a group that contains a failing row
+    fails as a whole, a single failing row is poison, everything else commits.
+    """
+    good: list[int] = []
+    poison: list[int] = []
+    statements = 0
+    stack = [list(range(size))]
+    while stack:
+        part = stack.pop()
+        statements += 1
+        if not failing.intersection(part):
+            good.extend(part)
+        elif len(part) == 1:
+            poison.append(part[0])
+        else:
+            mid = len(part) // 2
+            stack.append(part[mid:])
+            stack.append(part[:mid])
+    return sorted(good), sorted(poison), statements
+
+
+@dataclass(frozen=True)
+class PoisonSlot:
+    slot_id: str
+    error: str
+
+
+@dataclass(frozen=True)
+class ExpirationResult:
+    """The seed's cycle result ``{ExpiredCount, SkippedLockedCount, DurationMs}`` and context."""
+
+    expired_count: int
+    skipped_locked_count: int
+    duration_ms: int
+    as_of: datetime
+    batches: int = 0
+    stop_reason: str = StopReason.DRAINED.value
+    poison: tuple[PoisonSlot, ...] = ()
+    backlog: int | None = None
+    dry_run: bool = False
+    would_expire_count: int | None = None
+
+    @property
+    def errors_count(self) -> int:
+        return len(self.poison)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The task's return value (XCom) and the CLI's output: small and JSON-safe."""
+        out: dict[str, Any] = {
+            "ExpiredCount": self.expired_count,
+            "SkippedLockedCount": self.skipped_locked_count,
+            "DurationMs": self.duration_ms,
+            "ErrorsCount": self.errors_count,
+            "Backlog": self.backlog,
+            "Batches": self.batches,
+            "StopReason": self.stop_reason,
+            "AsOf": self.as_of.isoformat(),
+        }
+        if self.dry_run:
+            out["DryRun"] = True
+            out["WouldExpireCount"] = self.would_expire_count
+        return out
+
+
+def validate(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Check an already resolved config again (the job never runs on an unchecked value)."""
+    by_name = {s.name: s for s in CONFIG.settings}
+    unknown = sorted(set(config) - set(by_name))
+    if unknown:
+        raise ConfigError(
+            f"{JOB}: unknown config key {unknown[0]!r}; allowed keys: {', '.join(sorted(by_name))}"
+        )
+    values = CONFIG.defaults
+    for key, value in config.items():
+        try:
+            values[key] = by_name[key].check(value, "config")
+        except ConfigError as exc:
+            raise ConfigError(f"{JOB}: {exc}") from None
+    return values
+
+
+@dataclass
+class _Cycle:
+    """Mutable state of one cycle, shared by its batches."""
+
+    as_of: datetime
+    batch_size: int
+    expired: int = 0
+    skipped_locked: int = 0
+    poison: list[PoisonSlot] = field(default_factory=list)
+    alerts_sent: int = 0
+
+    @property
+    def excluded_ids(self) -> list[str]:
+        return [p.slot_id for p in self.poison]
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "as_of": self.as_of,
+            "batch_size": self.batch_size,
+            "excluded_ids": self.excluded_ids,
+            "count_cap": COUNT_CAP,
+        }
+
+
+def run(
+    connect: Connect,
+    config: Mapping[str, Any],
+    telemetry: Telemetry,
+    stop: StopSignal,
+    *,
+    dry_run: bool = False,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    clock: Callable[[], float] = time.monotonic,
+) -> ExpirationResult:
+    """Run one expiration cycle; return the seed's result.
+
+    ``now`` is the wall clock (AsOf, backlog), ``clock`` the monotonic clock of the duration
+    bound. Raises :class:`ConfigError` before touching the database when ``config`` is invalid,
+    :class:`JobCancelled` after a clean stop between batches, and the database error after
+    rolling back the batch in hand when the database fails.
+    """
+    values = validate(config)
+    log, metrics = telemetry.log, telemetry.metrics
+    started = clock()
+    as_of = now()
+    cycle = _Cycle(as_of=as_of, batch_size=int(values["batch_size"]))
+    log.info(
+        "cycle_started",
+        as_of=as_of.isoformat(),
+        batch_size=cycle.batch_size,
+        max_run_duration_seconds=values["max_run_duration_seconds"],
+        dry_run=dry_run,
+    )
+
+    conn = connect()
+    try:
+        conn.autocommit = True  # every batch is an explicit transaction; reads take none
+        if dry_run:
+            return _dry_run(conn, cycle, telemetry, started=started, clock=clock, now=now)
+
+        def batch(index: int) -> bool:
+            return _run_batch(conn, cycle, index, telemetry)
+
+        try:
+            loop = run_batches(
+                batch, LoopLimits(float(values["max_run_duration_seconds"])), stop, clock
+            )
+        except psycopg.Error as exc:
+            metrics.incr(M_ERRORS)
+            log.error(
+                "cycle_failed",
+                error=_describe(exc),
+                expired_count=cycle.expired,
+                duration_ms=_ms(clock() - started),
+            )
+            raise
+        backlog = _count(conn, "slots/count_backlog", {"now": now(), "count_cap": COUNT_CAP})
+    finally:
+        conn.close()
+
+    duration = clock() - started
+    result = ExpirationResult(
+        expired_count=cycle.expired,
+        skipped_locked_count=cycle.skipped_locked,
+        duration_ms=_ms(duration),
+        as_of=as_of,
+        batches=loop.batches,
+        stop_reason=loop.stop_reason.value,
+        poison=tuple(cycle.poison),
+        backlog=backlog,
+    )
+    metrics.timing(M_CYCLE_DURATION, timedelta(seconds=duration))
+    metrics.incr(M_ITEMS, result.expired_count)
+    metrics.incr(M_SKIP_LOCKED, result.skipped_locked_count)
+    metrics.gauge(M_BACKLOG, backlog)
+    log.info(
+        "cycle_completed",
+        expired_count=result.expired_count,
+        duration_ms=result.duration_ms,
+        skipped_locked=result.skipped_locked_count,
+        errors=result.errors_count,
+        batches=result.batches,
+        stop_reason=result.stop_reason,
+        backlog=backlog,
+    )
+    if loop.stop_reason is StopReason.CANCELLED:
+        raise JobCancelled(f"{JOB}: {stop.reason}; {result.expired_count} slots expired")
+    metrics.gauge(M_LAST_SUCCESS, time.time())
+    return result
+
+
+def _run_batch(conn: psycopg.Connection, cycle: _Cycle, index: int, telemetry: Telemetry) -> bool:
+    """One batch in one transaction; True when it was full (more may be due)."""
+    params = cycle.params()
+    try:
+        with conn.transaction():
+            expired = len(conn.execute(sql.load("slots/expire_due_slots"), params).fetchall())
+            selected = expired
+            skipped = _skipped_if_short(conn, cycle, selected)
+    except psycopg.Error as exc:
+        if not is_row_error(exc.sqlstate) or conn.closed:
+            raise
+        # Nothing of this batch was written (the whole transaction rolled back). Lock the same
+        # selection again and find the offending rows under savepoints.
+        telemetry.log.warning(
+            "batch_isolating", batch=index + 1, batch_size=cycle.batch_size, error=_describe(exc)
+        )
+        with conn.transaction():
+            ids = [row[0] for row in conn.execute(sql.load("slots/lock_due_slots"), params)]
+            selected = len(ids)
+            expired, poison = _expire_isolating(conn, ids, cycle.as_of)
+            for slot_id, error in poison:
+                cycle.poison.append(PoisonSlot(str(slot_id), _describe(error)))
+            skipped = _skipped_if_short(conn, cycle, selected)
+        for slot_id, error in poison:
+            _report_poison(cycle, str(slot_id), error, telemetry)
+    cycle.expired += expired
+    cycle.skipped_locked += skipped
+    telemetry.log.info(
+        "batch_selected", batch=index + 1, count=selected, expired=expired, skipped_locked=skipped
+    )
+    return selected >= cycle.batch_size
+
+
+def _skipped_if_short(conn: psycopg.Connection, cycle: _Cycle, selected: int) -> int:
+    """Due slots SKIP LOCKED passed over, counted when a batch came back short.
+
+    A short batch took every due slot it could lock, so whatever is still due (and not a poison
+    slot) is locked by someone else: another runner or an in-flight booking. Counted inside the
+    batch transaction, where our own rows already read as Expired. A full batch does not count:
+    the next batch (or the next cycle) meets the same rows again.
+    """
+    if selected >= cycle.batch_size:
+        return 0
+    return _count(conn, "slots/count_due_slots", cycle.params())
+
+
+def _expire_isolating(
+    conn: psycopg.Connection, ids: Sequence[uuid.UUID], as_of: datetime
+) -> tuple[int, list[tuple[uuid.UUID, psycopg.Error]]]:
+    """Expire ``ids`` (locked by this transaction) by halves under savepoints.
+
+    A group that fails is split until the failing rows stand alone; with k poison rows in a
+    batch of n this costs about 2·k·log2(n) statements instead of n. Returns (expired, poison).
+    """
+    expired = 0
+    poison: list[tuple[uuid.UUID, psycopg.Error]] = []
+    query = sql.load("slots/expire_slots_by_id")
+    stack = [list(ids)]
+    while stack:
+        part = stack.pop()
+        if not part:
+            continue
+        try:
+            with conn.transaction():  # a savepoint inside the batch transaction
+                expired += conn.execute(query, {"ids": part, "as_of": as_of}).rowcount
+        except psycopg.Error as exc:
+            if not is_row_error(exc.sqlstate) or conn.closed:
+                raise
+            if len(part) == 1:
+                poison.append((part[0], exc))
+            else:
+                mid = len(part) // 2
+                stack.append(part[mid:])
+                stack.append(part[:mid])
+    return expired, poison
+
+
+def _report_poison(cycle: _Cycle, slot_id: str, error: psycopg.Error, telemetry: Telemetry) -> None:
+    text = _describe(error)
+    telemetry.log.error("item_failed", slot_id=slot_id, error=text)
+    telemetry.metrics.incr(M_ERRORS)
+    if cycle.alerts_sent < MAX_POISON_ALERTS_PER_CYCLE:
+        cycle.alerts_sent += 1
+        telemetry.alerts.send(
+            Alert(
+                POISON_ALERT,
+                "warning",
+                f"slot {slot_id} cannot be expired; left Available for the next cycle",
+                {"slot_id": slot_id, "error": text},
+            )
+        )
+
+
+def _dry_run(
+    conn: psycopg.Connection,
+    cycle: _Cycle,
+    telemetry: Telemetry,
+    *,
+    started: float,
+    clock: Callable[[], float],
+    now: Callable[[], datetime],
+) -> ExpirationResult:
+    """Count what a cycle would expire; lock and change nothing."""
+    would = _count(conn, "slots/count_due_slots", cycle.params())
+    backlog = _count(conn, "slots/count_backlog", {"now": now(), "count_cap": COUNT_CAP})
+    result = ExpirationResult(
+        expired_count=0,
+        skipped_locked_count=0,
+        duration_ms=_ms(clock() - started),
+        as_of=cycle.as_of,
+        backlog=backlog,
+        dry_run=True,
+        would_expire_count=would,
+    )
+    telemetry.log.info(
+        "cycle_completed",
+        dry_run=True,
+        would_expire_count=would,
+        expired_count=0,
+        duration_ms=result.duration_ms,
+        skipped_locked=0,
+        backlog=backlog,
+    )
+    return result
+
+
+def _count(conn: psycopg.Connection, query: str, params: Mapping[str, Any]) -> int:
+    row = conn.execute(sql.load(query), params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _describe(exc: BaseException) -> str:
+    """Error class, SQLSTATE and the server's primary message; no row data beyond that."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    diag = getattr(exc, "diag", None)
+    message = (diag.message_primary if diag is not None else None) or str(exc)
+    text = f"{type(exc).__name__}"
+    if sqlstate:
+        text += f" {sqlstate}"
+    text += f": {message.strip()}"
+    return text[:ERROR_TEXT_LIMIT]
+
+
+def _ms(seconds: float) -> int:
+    return round(seconds * 1000)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI: one cycle against ``--dsn``; prints the result as JSON.
+
+    Exit codes: 0 done, 2 invalid config (nothing written), 3 cancelled by SIGTERM after a
+    clean stop, 1 database failure.
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__)
+    parser.add_argument("--dsn", required=True, help="libpq URL of the calendar database")
+    parser.add_argument("--batch-size", type=int)
+    parser.add_argument("--max-run-duration-seconds", type=float)
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--run-id", default=f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    params = {
+        "batch_size": args.batch_size,
+        "max_run_duration_seconds": args.max_run_duration_seconds,
+    }
+    log = JobLog(JOB, args.run_id)
+    try:
+        config = CONFIG.resolve(None, params)
+    except ConfigError as exc:
+        log.error("config_invalid", error=str(exc))
+        return 2
+    telemetry = Telemetry(log=log, metrics=RecordingMetrics(), alerts=LogOnlyAlerts(log))
+    connect = configured(lambda: psycopg.connect(args.dsn), SESSION)
+    stop = StopSignal()
+    try:
+        with stop.on_sigterm():
+            result = run(connect, config, telemetry, stop, dry_run=args.dry_run)
+    except JobCancelled as exc:
+        log.warning("cycle_cancelled", reason=str(exc))
+        return 3
+    except psycopg.Error:
+        return 1
+    print(json.dumps(result.as_dict(), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,708 @@
+"""SnapshotDetachRetryJob (seed 000): retry the selections detach for the news action-outbox.
+
+One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-snapshot-detach-retry``
+(busy = skip, success):
+
+1. **Claim** (one short transaction, committed): up to ``batch_size`` rows with
+   ``status = 'Pending' and next_attempt_at <= now``, oldest due first, ``FOR UPDATE SKIP
+   LOCKED``; ``attempts += 1``, ``next_attempt_at = now + backoff(attempts)`` (pure function in
+   ``pin_maintenance.backoff``), ``updated_at = now`` (the claim token).
+2. **Detach**: ``POST /internal/snapshots/{snapshot_id}/detach`` per row, outside any
+   transaction, at most ``detach_concurrency`` calls at a time, the outbox id as
+   ``Idempotency-Key``.
+3. **Outcome** (one short transaction per batch, guarded per row by the claim token):
+
+   ========================================  ==========================================
+   answer                                    outcome
+   ========================================  ==========================================
+   2xx (incl. already detached)              ``Done``, ``last_error = null``
+   5xx, 408, 425, timeout, connection error  stays ``Pending`` (backoff set at claim)
+   429                                       as 5xx; ``Retry-After`` pushes
+                                             ``next_attempt_at`` further when longer
+   transient and ``attempts >= max_attempts``  ``Quarantined`` + alert
+   404, 410                                  ``Quarantined`` at once + alert (selections
+                                             keeps snapshots forever: unknown = permanent)
+   other 4xx (400, 409, 422, ...)            ``Quarantined`` at once + alert: the same
+                                             request gets the same answer; fix, then requeue
+   401, 403                                  ``selections_auth_failed`` (critical); no more
+                                             calls this run (circuit breaker); the attempt
+                                             is given back to that row and to every claimed
+                                             row not yet called
+   unexpected (1xx, 3xx)                     transient (redirects are not followed)
+   reason not BlockReplaced / PostDeleted    not called; ``Quarantined``, ``UnknownReason``
+   ========================================  ==========================================
+
+   *Given back* means ``attempts`` and ``next_attempt_at`` return to their values before the
+   claim (``last_error`` unchanged): a broken credential or a cancelled run costs no row an
+   attempt. Rows with a status other than Pending/Done/Quarantined are never selected.
+
+Cancellation (stop signal) is honoured between rows: calls not yet started are given back,
+the batch's outcome transaction commits, then :class:`JobCancelled` is raised. A worker
+exception on one row is logged and recorded as a transient error of that row. When the batch
+outcome transaction fails, each row is retried in its own transaction so one bad row cannot
+lose the others' outcomes.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import psycopg
+
+from include.pin_maintenance import sql
+from include.pin_maintenance.backoff import Backoff
+from include.pin_maintenance.config import ConfigSpec, Rule, Setting
+from include.pin_maintenance.db import Connect, advisory_lock
+from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome, DetachClient
+from include.pin_maintenance.runloop import (
+    JobCancelled,
+    LoopLimits,
+    StopReason,
+    StopSignal,
+    run_batches,
+)
+from include.pin_maintenance.telemetry import Alert, Telemetry
+
+JOB = "news_snapshot_detach_retry"
+LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
+KNOWN_REASONS = frozenset({"BlockReplaced", "PostDeleted"})
+LAST_ERROR_MAX = 512
+
+CONFIG = ConfigSpec(
+    job=JOB,
+    settings=(
+        Setting("batch_size", 100, minimum=1, maximum=10_000, help="Rows claimed per batch."),
+        Setting(
+            "max_run_duration_seconds",
+            240,
+            kind=float,
+            minimum=0,
+            exclusive_minimum=True,
+            help="No new batch starts after this long; the rest waits for the next run.",
+        ),
+        Setting(
+            "max_attempts",
+            12,
+            minimum=1,
+            help="A transient failure on this attempt quarantines the row.",
+        ),
+        Setting(
+            "backoff_base_seconds",
+            60,
+            kind=float,
+            minimum=0,
+            exclusive_minimum=True,
+            help="Backoff after the first attempt.",
+        ),
+        Setting("backoff_factor", 2.0, kind=float, minimum=1, help="Backoff growth per attempt."),
+        Setting("backoff_cap_seconds", 1800, kind=float, minimum=0, help="Longest backoff."),
+        Setting(
+            "detach_call_timeout_seconds",
+            5,
+            kind=float,
+            minimum=0,
+            exclusive_minimum=True,
+            help="Timeout of one detach call.",
+        ),
+        Setting(
+            "lock_ttl_seconds",
+            360,
+            kind=float,
+            minimum=0,
+            exclusive_minimum=True,
+            help="Lease of the single-runner lock.",
+        ),
+        Setting(
+            "detach_concurrency",
+            8,
+            minimum=1,
+            maximum=64,
+            help="Detach calls in flight at once within a batch.",
+        ),
+    ),
+    rules=(
+        Rule(
+            "backoff_cap_seconds",
+            lambda v: v["backoff_cap_seconds"] >= v["backoff_base_seconds"],
+            lambda v: f">= backoff_base_seconds ({v['backoff_base_seconds']})",
+        ),
+        Rule(
+            "lock_ttl_seconds",
+            lambda v: v["lock_ttl_seconds"] > v["max_run_duration_seconds"],
+            lambda v: f"> max_run_duration_seconds ({v['max_run_duration_seconds']})",
+        ),
+    ),
+    extra_params=frozenset({"dry_run"}),
+)
+
+
+class Metric:
+    PENDING = "news_snapshot_detach_pending"
+    OLDEST_AGE = "news_snapshot_detach_oldest_age_seconds"
+    RETRIED = "news_snapshot_detach_retried_total"
+    SUCCEEDED = "news_snapshot_detach_succeeded_total"
+    FAILED = "news_snapshot_detach_failed_total"
+    QUARANTINED = "news_snapshot_detach_quarantined_total"
+    LAG = "news_snapshot_detach_lag_seconds"
+    RUN_DURATION = "news_snapshot_detach_run_duration_seconds"
+    LOCK_CONTENTION = "news_snapshot_detach_lock_contention_total"
+    LAST_SUCCESS = "news_snapshot_detach_last_success_timestamp_seconds"
+
+
+# --------------------------------------------------------------------------------------------
+# Pure rules: classification of one call's outcome
+# --------------------------------------------------------------------------------------------
+
+
+class Verdict(StrEnum):
+    DONE = "Done"
+    RETRY = "Retry"  # stays Pending, backoff as set at claim (or Retry-After)
+    QUARANTINE = "Quarantined"
+    AUTH_FAILED = "AuthFailed"  # attempt given back, circuit breaker opens
+    NOT_CALLED = "NotCalled"  # attempt given back (cancelled / breaker open)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    error: str | None = None  # last_error text (class + code), None for Done / not called
+    retry_after_seconds: float | None = None
+
+    @property
+    def is_failed_call(self) -> bool:
+        """A call was made and did not succeed (news_snapshot_detach_failed_total)."""
+        return self.verdict in (Verdict.RETRY, Verdict.QUARANTINE, Verdict.AUTH_FAILED) and (
+            self.error != "UnknownReason"
+        )
+
+
+_PERMANENT_NAMES = {404: "HttpNotFound", 410: "HttpGone"}
+_TRANSIENT_4XX = {408: "HttpRequestTimeout", 425: "HttpTooEarly", 429: "HttpTooManyRequests"}
+_AUTH_NAMES = {401: "HttpUnauthorized", 403: "HttpForbidden"}
+
+
+def classify(outcome: CallOutcome | None, attempts: int, max_attempts: int) -> Decision:
+    """What to do with a row after its call; ``None`` = not called. Pure, table-tested."""
+    final, transient = _classify_answer(outcome)
+    if final is not None:
+        return final
+    assert transient is not None
+    if attempts >= max_attempts:
+        return Decision(
+            Verdict.QUARANTINE, f"{transient.error}; max_attempts {max_attempts} reached"
+        )
+    return transient
+
+
+def _classify_answer(outcome: CallOutcome | None) -> tuple[Decision | None, Decision | None]:
+    """(final decision, None) or (None, transient decision subject to max_attempts)."""
+    if outcome is None:
+        return Decision(Verdict.NOT_CALLED), None
+    code = outcome.status_code
+    ra = outcome.retry_after_seconds
+    final = transient = None
+    if code is None:
+        transient = Decision(Verdict.RETRY, clean_error(outcome.error_class or "UnknownError"))
+    elif 200 <= code < 300:
+        final = Decision(Verdict.DONE)
+    elif code in _AUTH_NAMES:
+        final = Decision(Verdict.AUTH_FAILED, f"{_AUTH_NAMES[code]} {code}")
+    elif code in _PERMANENT_NAMES:
+        final = Decision(Verdict.QUARANTINE, f"{_PERMANENT_NAMES[code]} {code}")
+    elif code in _TRANSIENT_4XX or code == 503:
+        name = _TRANSIENT_4XX.get(code, "HttpServerError")
+        suffix = f" retry_after={ra:g}s" if ra is not None else ""
+        transient = Decision(Verdict.RETRY, f"{name} {code}{suffix}", ra)
+    elif 400 <= code < 500:
+        final = Decision(Verdict.QUARANTINE, f"HttpClientError {code}")
+    elif 500 <= code < 600:
+        transient = Decision(Verdict.RETRY, f"HttpServerError {code}")
+    else:
+        transient = Decision(Verdict.RETRY, f"HttpUnexpectedStatus {code}")
+    return final, transient
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9 _.:;=()/-]")
+
+
+def clean_error(text: str) -> str:
+    """Bound ``last_error`` to the column and to a harmless alphabet (no quotes, no '@')."""
+    return _UNSAFE.sub("?", text)[:LAST_ERROR_MAX]
+
+
+# --------------------------------------------------------------------------------------------
+# Result
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DetachResult:
+    """What one run did; :meth:`as_dict` gives the seed's names (also the task's XCom)."""
+
+    lock_acquired: bool = True
+    dry_run: bool = False
+    due: int | None = None  # dry run only
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    quarantined: int = 0
+    failed: int = 0
+    given_back: int = 0
+    superseded: int = 0
+    batches: int = 0
+    stop_reason: str = ""
+    auth_failed: bool = False
+    pending: int = 0
+    oldest_age_seconds: float = 0.0
+    duration_ms: int = 0
+
+    @property
+    def has_more(self) -> bool:
+        return self.stop_reason not in ("", StopReason.DRAINED)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "LockAcquired": self.lock_acquired,
+            "DryRun": self.dry_run,
+            "Due": self.due,
+            "Claimed": self.claimed,
+            "Succeeded": self.succeeded,
+            "Retried": self.retried,
+            "Quarantined": self.quarantined,
+            "Failed": self.failed,
+            "GivenBack": self.given_back,
+            "Superseded": self.superseded,
+            "Batches": self.batches,
+            "HasMore": self.has_more,
+            "StopReason": self.stop_reason,
+            "AuthFailed": self.auth_failed,
+            "Pending": self.pending,
+            "OldestAgeSeconds": round(self.oldest_age_seconds, 3),
+            "DurationMs": self.duration_ms,
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    id: str
+    snapshot_id: str
+    post_id: str
+    reason: str
+    attempts: int  # after the pre-increment
+    previous_next_attempt_at: datetime
+    next_attempt_at: datetime  # as set by the claim
+    claimed_at: datetime  # updated_at written by the claim (the claim token)
+    created_at: datetime
+
+
+@dataclass
+class _Applied:
+    row: ClaimedRow
+    decision: Decision
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_error: str | None
+    keep_last_error: bool
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def run(
+    connect: Connect,
+    config: dict[str, Any],
+    telemetry: Telemetry,
+    stop: StopSignal,
+    client: DetachClient | None,
+    *,
+    dry_run: bool = False,
+    now: Callable[[], datetime] = utc_now,
+    rng: random.Random | None = None,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> DetachResult:
+    """One run of the job (see the module docstring). ``config`` is ``CONFIG.resolve(...)``.
+
+    ``client`` may be None for a dry run (which calls nothing and writes nothing).
+    """
+    if client is None and not dry_run:
+        raise ValueError("a detach client is required unless dry_run")
+    job = _Run(
+        connect=connect,
+        config=config,
+        telemetry=telemetry,
+        stop=stop,
+        client=client,
+        now=now,
+        rng=rng or random.Random(),
+        monotonic=monotonic,
+    )
+    return job(dry_run)
+
+
+class _Run:
+    def __init__(
+        self,
+        *,
+        connect: Connect,
+        config: dict[str, Any],
+        telemetry: Telemetry,
+        stop: StopSignal,
+        client: DetachClient | None,
+        now: Callable[[], datetime],
+        rng: random.Random,
+        monotonic: Callable[[], float],
+    ) -> None:
+        self.connect = connect
+        self.cfg = config
+        self.t = telemetry
+        self.log = telemetry.log
+        self.stop = stop
+        self.client = client
+        self.now = now
+        self.rng = rng
+        self.monotonic = monotonic
+        self.backoff = Backoff(
+            config["backoff_base_seconds"], config["backoff_factor"], config["backoff_cap_seconds"]
+        )
+        self.breaker = threading.Event()
+        self.result = DetachResult()
+
+    def __call__(self, dry_run: bool) -> DetachResult:
+        started = self.monotonic()
+        self.result.dry_run = dry_run
+        self.log.info(
+            "job_started",
+            dry_run=dry_run,
+            batch_size=self.cfg["batch_size"],
+            detach_concurrency=self.cfg["detach_concurrency"],
+        )
+        if dry_run:
+            self._dry_run()
+            return self._finish(started, success=True)
+        with advisory_lock(self.connect, LOCK_NAME, self.cfg["lock_ttl_seconds"]) as held:
+            if not held:
+                self.result.lock_acquired = False
+                self.t.metrics.incr(Metric.LOCK_CONTENTION)
+                self.log.info("job_skipped", reason="lock_busy", lock=LOCK_NAME)
+                return self._finish(started, success=True, gauges=False)
+            cancelled = self._run_batches()
+        self._finish(started, success=not cancelled and not self.result.auth_failed)
+        if cancelled:
+            raise JobCancelled(self.stop.reason or "stop requested")
+        return self.result
+
+    # -- phases ----------------------------------------------------------------------------
+
+    def _dry_run(self) -> None:
+        conn = self.connect()
+        try:
+            row = conn.execute(sql.load("news/count_due_entries"), {"now": self.now()}).fetchone()
+            conn.rollback()
+        finally:
+            conn.close()
+        self.result.due = int(row[0]) if row else 0
+        self.log.info("dry_run", due=self.result.due, calls=0, writes=0)
+
+    def _run_batches(self) -> bool:
+        """The batch loop; returns True when it stopped because of the stop signal."""
+        conn = self.connect()
+        conn.autocommit = True  # every unit of work is an explicit, short transaction
+        workers = ThreadPoolExecutor(
+            max_workers=int(self.cfg["detach_concurrency"]), thread_name_prefix="detach"
+        )
+        try:
+            loop = run_batches(
+                lambda index: self._batch(conn, workers, index),
+                LoopLimits(max_duration_seconds=float(self.cfg["max_run_duration_seconds"])),
+                self.stop,
+                clock=self.monotonic,
+            )
+        finally:
+            workers.shutdown(wait=True, cancel_futures=True)
+            conn.close()
+        self.result.batches = loop.batches
+        self.result.stop_reason = str(loop.stop_reason)
+        if self.breaker.is_set():
+            self.result.stop_reason = "auth_failed"
+        # a stop that arrived during the last (short) batch still ends the run as cancelled
+        return loop.stop_reason is StopReason.CANCELLED or self.stop.is_set()
+
+    def _batch(self, conn: psycopg.Connection, workers: ThreadPoolExecutor, index: int) -> bool:
+        if self.breaker.is_set():
+            return False
+        rows = self._claim(conn)
+        self.log.info("batch_claimed", batch=index, rows=len(rows))
+        if not rows:
+            return False
+        self.result.claimed += len(rows)
+        calls = [r for r in rows if r.reason in KNOWN_REASONS]
+        outcomes = dict(zip((r.id for r in calls), workers.map(self._call, calls), strict=True))
+        decisions = []
+        for row in rows:
+            if row.reason not in KNOWN_REASONS:
+                decision = Decision(Verdict.QUARANTINE, "UnknownReason")
+            else:
+                decision = classify(outcomes[row.id], row.attempts, self.cfg["max_attempts"])
+            decisions.append((row, decision))
+        self._record(conn, decisions)
+        full = len(rows) == self.cfg["batch_size"]
+        return full and not self.breaker.is_set()
+
+    def _claim(self, conn: psycopg.Connection) -> list[ClaimedRow]:
+        now = self.now()
+        with conn.transaction():
+            found = conn.execute(
+                sql.load("news/select_due_entries"),
+                {"now": now, "batch_size": int(self.cfg["batch_size"])},
+            ).fetchall()
+            rows = []
+            for rid, snapshot_id, post_id, reason, attempts, next_at, created_at in found:
+                n = attempts + 1
+                delay = self.backoff.delay_with_jitter(n, self.rng.uniform)
+                rows.append(
+                    ClaimedRow(
+                        id=str(rid),
+                        snapshot_id=str(snapshot_id),
+                        post_id=str(post_id),
+                        reason=reason,
+                        attempts=n,
+                        previous_next_attempt_at=next_at,
+                        next_attempt_at=now + timedelta(seconds=delay),
+                        claimed_at=now,
+                        created_at=created_at,
+                    )
+                )
+            if rows:
+                conn.execute(
+                    sql.load("news/claim_due_entries"),
+                    {
+                        "now": now,
+                        "ids": [r.id for r in rows],
+                        "attempts": [r.attempts for r in rows],
+                        "next_attempt_at": [r.next_attempt_at for r in rows],
+                    },
+                )
+        return rows
+
+    def _call(self, row: ClaimedRow) -> CallOutcome | None:
+        """Runs on a worker thread: one detach call, or None when we must not call any more."""
+        if self.stop.is_set() or self.breaker.is_set():
+            return None
+        assert self.client is not None  # checked in run()
+        try:
+            outcome = self.client.call(
+                row.snapshot_id,
+                row.reason,
+                row.id,
+                float(self.cfg["detach_call_timeout_seconds"]),
+            )
+        except Exception as exc:  # a client bug or infrastructure failure: this row only
+            self.log.error(
+                "entry_call_failed", snapshot_id=row.snapshot_id, error=type(exc).__name__
+            )
+            outcome = CallOutcome(error_class=f"ClientError:{type(exc).__name__}")
+        if outcome.status_code in _AUTH_NAMES:
+            self.breaker.set()
+        return outcome
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _plan(self, row: ClaimedRow, decision: Decision, now: datetime) -> _Applied:
+        v = decision.verdict
+        if v in (Verdict.NOT_CALLED, Verdict.AUTH_FAILED):
+            return _Applied(
+                row,
+                decision,
+                "Pending",
+                row.attempts - 1,
+                row.previous_next_attempt_at,
+                decision.error,
+                keep_last_error=v is Verdict.NOT_CALLED,
+            )
+        if v is Verdict.DONE:
+            return _Applied(row, decision, "Done", row.attempts, row.next_attempt_at, None, False)
+        if v is Verdict.QUARANTINE:
+            status, error = "Quarantined", decision.error
+            return _Applied(row, decision, status, row.attempts, row.next_attempt_at, error, False)
+        next_at = row.next_attempt_at
+        if decision.retry_after_seconds is not None:
+            next_at = max(next_at, now + timedelta(seconds=decision.retry_after_seconds))
+        return _Applied(row, decision, "Pending", row.attempts, next_at, decision.error, False)
+
+    def _record(self, conn: psycopg.Connection, decisions: Sequence[tuple[ClaimedRow, Decision]]):
+        now = self.now()
+        plans = sorted((self._plan(r, d, now) for r, d in decisions), key=lambda p: p.row.id)
+        try:
+            applied = self._write(conn, plans, now)
+        except psycopg.OperationalError:
+            raise  # the database is gone: the task fails, Airflow retries it
+        except psycopg.Error as exc:
+            self.log.error("batch_outcome_failed", rows=len(plans), error=type(exc).__name__)
+            applied = set()
+            for plan in plans:
+                try:
+                    applied |= self._write(conn, [plan], now)
+                except psycopg.OperationalError:
+                    raise
+                except psycopg.Error as row_exc:
+                    self.log.error(
+                        "entry_outcome_failed",
+                        snapshot_id=plan.row.snapshot_id,
+                        error=type(row_exc).__name__,
+                    )
+        for plan in plans:
+            if plan.row.id in applied:
+                self._report(plan, now)
+            else:
+                self.result.superseded += 1
+                self.log.warning(
+                    "entry_outcome_superseded",
+                    snapshot_id=plan.row.snapshot_id,
+                    attempts=plan.row.attempts,
+                    outcome=plan.decision.verdict,
+                )
+
+    def _write(self, conn: psycopg.Connection, plans: Iterable[_Applied], now: datetime) -> set:
+        plans = list(plans)
+        with conn.transaction():
+            cur = conn.execute(
+                sql.load("news/record_detach_outcomes"),
+                {
+                    "now": now,
+                    "ids": [p.row.id for p in plans],
+                    "claimed_attempts": [p.row.attempts for p in plans],
+                    "claimed_at": [p.row.claimed_at for p in plans],
+                    "statuses": [p.status for p in plans],
+                    "attempts": [p.attempts for p in plans],
+                    "next_attempt_at": [p.next_attempt_at for p in plans],
+                    "last_errors": [p.last_error for p in plans],
+                    "keep_last_error": [p.keep_last_error for p in plans],
+                },
+            )
+            return {str(r[0]) for r in cur.fetchall()}
+
+    def _report(self, plan: _Applied, now: datetime) -> None:
+        row, decision, m = plan.row, plan.decision, self.t.metrics
+        if decision.is_failed_call:
+            self.result.failed += 1
+            m.incr(Metric.FAILED)
+        v = decision.verdict
+        if v is Verdict.DONE:
+            self.result.succeeded += 1
+            m.incr(Metric.SUCCEEDED)
+            m.timing(Metric.LAG, max(now - row.created_at, timedelta(0)))
+            self.log.info("entry_detached", snapshot_id=row.snapshot_id, attempts=row.attempts)
+        elif v is Verdict.RETRY:
+            self.result.retried += 1
+            m.incr(Metric.RETRIED)
+            self.log.info(
+                "entry_retry",
+                snapshot_id=row.snapshot_id,
+                attempts=row.attempts,
+                errorCode=decision.error,
+                next_attempt_at=plan.next_attempt_at.isoformat(),
+            )
+        elif v is Verdict.QUARANTINE:
+            self.result.quarantined += 1
+            m.incr(Metric.QUARANTINED)
+            self.log.warning(
+                "entry_quarantined",
+                snapshot_id=row.snapshot_id,
+                reason=row.reason,
+                attempts=row.attempts,
+                errorCode=decision.error,
+            )
+            self.t.alerts.send(
+                Alert(
+                    "snapshot_detach_quarantined",
+                    "warning",
+                    f"snapshot {row.snapshot_id} quarantined after {row.attempts} attempt(s): "
+                    f"{decision.error}",
+                    {
+                        "snapshot_id": row.snapshot_id,
+                        "post_id": row.post_id,
+                        "reason": row.reason,
+                        "attempts": row.attempts,
+                    },
+                )
+            )
+        elif v is Verdict.AUTH_FAILED:
+            self.result.given_back += 1
+            if not self.result.auth_failed:
+                self.result.auth_failed = True
+                self.log.error("selections_auth_failed", errorCode=decision.error)
+                self.t.alerts.send(
+                    Alert(
+                        "selections_auth_failed",
+                        "critical",
+                        "selections rejected our credentials "
+                        f"({decision.error}); detach calls stopped for this run, no attempts "
+                        "consumed. Check the selections_api connection.",
+                        {"error": decision.error},
+                    )
+                )
+        else:
+            self.result.given_back += 1
+            self.log.info(
+                "entry_not_called", snapshot_id=row.snapshot_id, attempts=row.attempts - 1
+            )
+
+    # -- end of run ------------------------------------------------------------------------
+
+    def _finish(self, started: float, *, success: bool, gauges: bool = True) -> DetachResult:
+        if gauges:
+            self._measure_backlog()
+        elapsed = max(self.monotonic() - started, 0.0)
+        self.result.duration_ms = int(elapsed * 1000)
+        self.t.metrics.timing(Metric.RUN_DURATION, timedelta(seconds=elapsed))
+        if success:
+            self.t.metrics.gauge(Metric.LAST_SUCCESS, time.time())
+        r = self.result
+        self.log.info(
+            "job_completed",
+            succeeded=r.succeeded,
+            retried=r.retried,
+            quarantined=r.quarantined,
+            failed=r.failed,
+            given_back=r.given_back,
+            claimed=r.claimed,
+            batches=r.batches,
+            stop_reason=r.stop_reason or ("dry_run" if r.dry_run else "lock_busy"),
+            pending=r.pending,
+            durationMs=r.duration_ms,
+        )
+        return r
+
+    def _measure_backlog(self) -> None:
+        try:
+            conn = self.connect()
+            try:
+                row = conn.execute(
+                    sql.load("news/measure_pending_backlog"), {"now": self.now()}
+                ).fetchone()
+                conn.rollback()
+            finally:
+                conn.close()
+        except psycopg.Error as exc:  # gauges are best effort at the end of a run
+            self.log.warning("backlog_measure_failed", error=type(exc).__name__)
+            return
+        self.result.pending = int(row[0])
+        self.result.oldest_age_seconds = max(float(row[1]), 0.0)
+        self.t.metrics.gauge(Metric.PENDING, self.result.pending)
+        self.t.metrics.gauge(Metric.OLDEST_AGE, self.result.oldest_age_seconds)

@@ -1,0 +1,167 @@
+"""Runbook action for the detach outbox: move chosen ``Quarantined`` rows back to ``Pending``.
+
+``quarantined_total > 0`` -> read ``last_error``; once the cause is fixed, requeue: the chosen
+rows get ``status = 'Pending'``, ``attempts = 0``, ``next_attempt_at = now`` and
+``last_error = 'requeued: ' || <previous error>``. Only rows that are ``Quarantined`` move;
+nothing else is touched. The choice is either a list of snapshot ids or ``all_quarantined``,
+never both and never neither. ``dry_run`` reports the same and changes nothing.
+
+No lock is needed against the retry job: it never selects Quarantined rows and its outcome
+update applies only to the Pending claim it made, so a requeue is never overwritten.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from include.pin_maintenance import sql
+from include.pin_maintenance.db import Connect
+from include.pin_maintenance.telemetry import Telemetry
+
+JOB = "news_snapshot_detach_requeue"
+REPORT_LIMIT = 100  # ids listed in the report; the count is always exact
+MAX_SNAPSHOT_IDS = 10_000
+
+
+class RequeueRequestError(ValueError):
+    """The requeue params do not name a valid choice; nothing was changed."""
+
+
+@dataclass(frozen=True)
+class RequeueChoice:
+    snapshot_ids: tuple[str, ...] = ()
+    all_quarantined: bool = False
+
+    def describe(self) -> str:
+        if self.all_quarantined:
+            return "all_quarantined"
+        return f"{len(self.snapshot_ids)} snapshot id(s)"
+
+
+def parse_choice(snapshot_ids: Any, all_quarantined: Any) -> RequeueChoice:
+    """Validate the params: a list of uuid strings XOR ``all_quarantined: true``.
+
+    ``snapshot_ids`` may also be one string with ids separated by commas or whitespace (what a
+    person pastes into a form field). Raises :class:`RequeueRequestError` naming the problem.
+    """
+    if all_quarantined not in (None, True, False):
+        raise RequeueRequestError(
+            f"all_quarantined = {all_quarantined!r} is not valid; allowed: true or false"
+        )
+    ids = _as_id_list(snapshot_ids)
+    if ids and all_quarantined:
+        raise RequeueRequestError(
+            "give either snapshot_ids or all_quarantined: true, not both "
+            f"(got {len(ids)} snapshot id(s) and all_quarantined = true); nothing was changed"
+        )
+    if not ids and not all_quarantined:
+        raise RequeueRequestError(
+            "nothing chosen: give snapshot_ids (a list of snapshot uuids) or "
+            "all_quarantined: true; nothing was changed"
+        )
+    if all_quarantined:
+        return RequeueChoice(all_quarantined=True)
+    if len(ids) > MAX_SNAPSHOT_IDS:
+        raise RequeueRequestError(
+            f"snapshot_ids has {len(ids)} ids; allowed at most {MAX_SNAPSHOT_IDS} per run"
+        )
+    normalized = []
+    for value in ids:
+        try:
+            normalized.append(str(uuid.UUID(str(value).strip())))
+        except (ValueError, AttributeError, TypeError):
+            raise RequeueRequestError(
+                f"snapshot_ids: {value!r} is not a valid uuid; nothing was changed"
+            ) from None
+    return RequeueChoice(snapshot_ids=tuple(dict.fromkeys(normalized)))
+
+
+def _as_id_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [part for part in value.replace(",", " ").split() if part]
+    if isinstance(value, Iterable) and not isinstance(value, (bytes, dict)):
+        return list(value)
+    raise RequeueRequestError(
+        f"snapshot_ids = {value!r} is not valid; allowed: a list of snapshot uuid strings"
+    )
+
+
+@dataclass
+class RequeueResult:
+    dry_run: bool
+    choice: str
+    count: int = 0
+    snapshot_ids: list[str] = field(default_factory=list)  # first REPORT_LIMIT, sorted
+    truncated: bool = False
+    # requested ids that did not move, with why (their status, or "not found")
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "DryRun": self.dry_run,
+            "Choice": self.choice,
+            "RequeuedCount": self.count,
+            "SnapshotIds": self.snapshot_ids,
+            "Truncated": self.truncated,
+            "Skipped": self.skipped,
+        }
+
+
+def requeue(
+    connect: Connect,
+    telemetry: Telemetry,
+    choice: RequeueChoice,
+    *,
+    dry_run: bool = False,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    report_limit: int = REPORT_LIMIT,
+) -> RequeueResult:
+    """Requeue (or, with ``dry_run``, list) the chosen Quarantined rows in one transaction."""
+    log = telemetry.log
+    log.info("requeue_started", choice=choice.describe(), dry_run=dry_run)
+    params = {
+        "now": now(),
+        "all_quarantined": choice.all_quarantined,
+        "snapshot_ids": list(choice.snapshot_ids),
+    }
+    result = RequeueResult(dry_run=dry_run, choice=choice.describe())
+    conn = connect()
+    try:
+        # dry run: a read-only select of the same rows the update would move
+        query = "news/select_quarantined_entries" if dry_run else "news/requeue_quarantined_entries"
+        with conn.transaction():
+            rows = conn.execute(sql.load(query), params).fetchall()
+            moved = sorted(str(r[1]) for r in rows)
+            if choice.snapshot_ids:
+                statuses: dict[str, set[str]] = {}
+                for sid, status in conn.execute(
+                    sql.load("news/select_entry_statuses"), params
+                ).fetchall():
+                    statuses.setdefault(str(sid), set()).add(status)
+                moved_set = set(moved)
+                for sid in choice.snapshot_ids:
+                    if sid not in moved_set:
+                        found = statuses.get(sid)
+                        result.skipped[sid] = (
+                            ",".join(sorted(found)) if found else "not found"
+                        ) + (" (only Quarantined rows are requeued)" if found else "")
+    finally:
+        conn.close()
+    result.count = len(moved)
+    result.snapshot_ids = moved[:report_limit]
+    result.truncated = len(moved) > report_limit
+    log.info(
+        "requeue_completed" if not dry_run else "requeue_dry_run",
+        requeued=0 if dry_run else result.count,
+        would_requeue=result.count if dry_run else 0,
+        skipped=len(result.skipped),
+        snapshot_ids=",".join(result.snapshot_ids) or "-",
+        truncated=result.truncated,
+    )
+    return result

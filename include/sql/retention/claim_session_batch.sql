@@ -1,0 +1,15 @@
+-- The next batch of eligible sessions after the keyset position (ended_at, id), oldest first,
+-- row-locked so that a parallel run (or a parallel task of another run) skips them.
+-- ended_at >= after_ended_at is the index condition on ix_sessions_status_ended_at; the row
+-- comparison breaks ties on id (incremental sort within equal ended_at), so a task walks the
+-- eligible set once per run and never re-reads sessions it has already handled.
+-- The first batch passes after_ended_at = '-infinity' (no OR, so a generic plan stays good).
+select id, ended_at
+from user_activity.sessions
+where status = 'Inactive'
+  and ended_at < %(cutoff)s
+  and ended_at >= %(after_ended_at)s
+  and (ended_at, id) > (%(after_ended_at)s::timestamptz, %(after_id)s::uuid)
+order by ended_at, id
+limit %(batch_size)s
+for update skip locked

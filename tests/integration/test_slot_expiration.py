@@ -1,0 +1,393 @@
+"""SlotExpirationJob against a real Postgres: the seed's test table and the issue's extras."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from devtools.pg import Database
+from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.jobs import slot_expiration as se
+from include.pin_maintenance.runloop import JobCancelled
+from tests.integration.slot_expiration_fixtures import (
+    NOW,
+    Background,
+    backend_pids,
+    backends_waiting,
+    gate,
+    insert_due,
+    insert_slot,
+    install_test_triggers,
+    lock_all_nowait,
+    new_run,
+    run_job,
+    statuses,
+    table_state,
+    wait_at_gate,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+LOGGER = f"pin_maintenance.{se.JOB}"
+
+
+@pytest.fixture
+def slots_db(db: Database) -> Database:
+    install_test_triggers(db)
+    return db
+
+
+def test_empty_cycle_is_a_successful_no_op(slots_db: Database):
+    with slots_db.connect() as conn:
+        insert_slot(conn, start_at=NOW + timedelta(minutes=1))  # future Available
+        insert_slot(conn, status="Booked", start_at=NOW - timedelta(hours=1), version=2)
+        insert_slot(conn, status="Expired", start_at=NOW - timedelta(hours=2), version=2)
+        insert_slot(conn, status="Archived", start_at=NOW - timedelta(hours=3), version=3)
+    before = table_state(slots_db)
+    run = new_run()
+
+    result = run_job(slots_db, run=run)
+
+    assert result.as_dict() | {"DurationMs": 0, "AsOf": None} == {
+        "ExpiredCount": 0,
+        "SkippedLockedCount": 0,
+        "DurationMs": 0,
+        "ErrorsCount": 0,
+        "Backlog": 0,
+        "Batches": 1,
+        "StopReason": "drained",
+        "AsOf": None,
+    }
+    assert table_state(slots_db) == before
+    assert run.metrics.counters[se.M_ITEMS] == 0
+    assert run.metrics.gauges[se.M_BACKLOG] == 0
+    assert se.M_LAST_SUCCESS in run.metrics.gauges
+    assert run.alerts.sent == []
+
+
+def test_due_slots_expire_at_as_of_with_version_plus_one_and_a_second_pass_changes_nothing(
+    slots_db: Database, caplog: pytest.LogCaptureFixture
+):
+    with slots_db.connect() as conn:
+        due = [
+            insert_slot(conn, start_at=NOW - timedelta(minutes=5), version=1),
+            insert_slot(conn, start_at=NOW, version=7),  # start_at == AsOf is due
+        ]
+        future = insert_slot(conn, start_at=NOW + timedelta(seconds=1))
+    before = table_state(slots_db)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+
+    first = run_job(slots_db)
+
+    after = table_state(slots_db)
+    assert first.expired_count == 2
+    for slot_id in due:
+        status, version, updated_at, _ = after[slot_id]
+        assert (status, version, updated_at) == ("Expired", before[slot_id][1] + 1, NOW)
+    assert after[future] == before[future]
+    events = [r.getMessage().split()[0] for r in caplog.records]
+    assert events == ["event=cycle_started", "event=batch_selected", "event=cycle_completed"]
+    assert all("run_id=test-run" in r.getMessage() for r in caplog.records)
+
+    second = run_job(slots_db)
+
+    assert second.expired_count == 0
+    assert table_state(slots_db) == after
+
+
+def test_booked_slot_in_the_past_is_never_selected(slots_db: Database):
+    with slots_db.connect() as conn:
+        booked = insert_slot(conn, status="Booked", start_at=NOW - timedelta(days=1), version=3)
+        available = insert_slot(conn, start_at=NOW - timedelta(days=1))
+    before = table_state(slots_db)
+
+    result = run_job(slots_db)
+
+    after = table_state(slots_db)
+    assert result.expired_count == 1
+    assert after[booked] == before[booked]
+    assert after[available][0] == "Expired"
+
+
+def test_backlog_bigger_than_a_batch_is_taken_oldest_first_and_the_rest_waits(
+    slots_db: Database,
+):
+    ids = insert_due(slots_db, 25)  # oldest first
+    ticks = iter([0.0, 0.0, 100.0, 100.0, 100.0])  # start, batch 1, then over the limit
+
+    first = run_job(
+        slots_db,
+        {"batch_size": 10, "max_run_duration_seconds": 30},
+        clock=lambda: next(ticks),
+    )
+
+    state = table_state(slots_db)
+    assert (first.expired_count, first.batches, first.stop_reason) == (10, 1, "max_duration")
+    assert first.backlog == 15
+    assert [state[i][0] for i in ids] == ["Expired"] * 10 + ["Available"] * 15
+
+    second = run_job(slots_db, {"batch_size": 10})
+
+    assert (second.expired_count, second.batches, second.stop_reason) == (15, 2, "drained")
+    assert second.backlog == 0
+    assert {state[1] for state in table_state(slots_db).values()} == {2}
+
+
+def test_slot_locked_by_an_in_flight_booking_is_skipped_and_the_booking_wins(
+    slots_db: Database,
+):
+    slot, other = insert_due(slots_db, 2)
+    booking = slots_db.connect()
+    try:
+        booking.execute(
+            "select 1 from calendar.availability_slots where id = %s for update", (slot,)
+        )
+        run = new_run()
+
+        result = run_job(slots_db, run=run)
+
+        assert (result.expired_count, result.skipped_locked_count) == (1, 1)
+        assert run.metrics.counters[se.M_SKIP_LOCKED] == 1
+        booking.execute(
+            "update calendar.availability_slots set status = 'Booked', version = version + 1"
+            " where id = %s and status = 'Available'",
+            (slot,),
+        )
+        booking.commit()
+    finally:
+        booking.close()
+
+    state = table_state(slots_db)
+    assert state[slot][:2] == ("Booked", 2)
+    assert state[other][:2] == ("Expired", 2)
+    assert run_job(slots_db).expired_count == 0
+    assert table_state(slots_db)[slot][:2] == ("Booked", 2)
+
+
+def test_slot_booked_before_the_cycle_is_out_of_the_selection(slots_db: Database):
+    (slot,) = insert_due(slots_db, 1)
+    with slots_db.connect() as booking:
+        booking.execute(
+            "update calendar.availability_slots set status = 'Booked', version = version + 1"
+            " where id = %s and status = 'Available'",
+            (slot,),
+        )
+
+    result = run_job(slots_db)
+
+    assert (result.expired_count, result.skipped_locked_count) == (0, 0)
+    assert table_state(slots_db)[slot][:2] == ("Booked", 2)
+
+
+def book(db: Database, slot_id) -> str:
+    """A book-slot stand-in: lock the slot, check it is still Available, book it."""
+    with db.connect(application_name="booking") as conn:
+        row = conn.execute(
+            "select status from calendar.availability_slots where id = %s for update",
+            (slot_id,),
+        ).fetchone()
+        if row is None or row[0] != "Available":
+            return "CAL_SLOT_NOT_AVAILABLE"
+        conn.execute(
+            "update calendar.availability_slots set status = 'Booked', version = version + 1"
+            " where id = %s",
+            (slot_id,),
+        )
+    return "BOOKED"
+
+
+def test_when_expiry_wins_the_concurrent_booking_gets_slot_not_available(slots_db: Database):
+    (slot,) = insert_due(slots_db, 1)
+    with gate(slots_db, slot) as release:
+        job = Background(lambda: run_job(slots_db))
+        job.start()
+        wait_at_gate(slots_db)  # the job holds the slot's row lock, mid-statement
+        booking = Background(lambda: book(slots_db, slot))
+        booking.start()
+        wait_for(
+            lambda: backends_waiting(slots_db, "transactionid", "booking") > 0,
+            "the booking waiting for the slot's row lock",
+        )
+        release()
+        result = job.result()
+
+    assert booking.result() == "CAL_SLOT_NOT_AVAILABLE"
+    assert result.expired_count == 1
+    assert table_state(slots_db)[slot][:2] == ("Expired", 2)
+
+
+@pytest.mark.parametrize(
+    "poison_kind",
+    ["trigger", "constraint", "bad_value"],
+)
+def test_poison_row_is_isolated_logged_alerted_and_the_rest_of_the_batch_commits(
+    slots_db: Database, caplog: pytest.LogCaptureFixture, poison_kind: str
+):
+    ids = insert_due(slots_db, 40)
+    poison = ids[17]
+    with slots_db.connect() as conn:
+        if poison_kind == "trigger":
+            conn.execute("insert into public.slot_poison (id) values (%s)", (poison,))
+        elif poison_kind == "constraint":  # a bad end_at only an expired row is checked for
+            conn.execute(
+                "update calendar.availability_slots set end_at = start_at - interval '1 minute'"
+                " where id = %s",
+                (poison,),
+            )
+            conn.execute(
+                "alter table calendar.availability_slots add constraint expired_ends_after_start"
+                " check (status <> 'Expired' or end_at > start_at) not valid"
+            )
+        else:  # version at the integer limit: version + 1 overflows
+            conn.execute(
+                "update calendar.availability_slots set version = 2147483647 where id = %s",
+                (poison,),
+            )
+    before = table_state(slots_db)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    run = new_run()
+
+    result = run_job(slots_db, {"batch_size": 25}, run=run)
+
+    after = table_state(slots_db)
+    assert after[poison] == before[poison]
+    assert all(after[i][:2] == ("Expired", before[i][1] + 1) for i in ids if i != poison)
+    assert (result.expired_count, result.errors_count) == (39, 1)
+    assert result.poison[0].slot_id == str(poison)
+    assert result.backlog == 1
+    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert [(a.name, a.details["slot_id"]) for a in run.alerts.sent] == [
+        (se.POISON_ALERT, str(poison))
+    ]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("event=item_failed" in m and f"slot_id={poison}" in m for m in errors)
+
+    again = run_job(slots_db, {"batch_size": 25})  # left for the next cycle, still failing
+
+    assert (again.expired_count, again.errors_count) == (0, 1)
+    assert table_state(slots_db)[poison] == before[poison]
+
+
+def test_runner_held_mid_batch_keeps_its_rows_and_a_parallel_runner_takes_the_rest(
+    slots_db: Database,
+):
+    ids = insert_due(slots_db, 30)
+    # The gate sits on the batch's last row: by the time it is updated, all ten are locked.
+    with gate(slots_db, ids[9]) as release:
+        held = Background(lambda: run_job(slots_db, {"batch_size": 10}, app="runner-a"))
+        held.start()
+        wait_at_gate(slots_db, "runner-a")  # runner A has locked the 10 oldest
+
+        other = run_job(slots_db, {"batch_size": 10}, app="runner-b")
+
+        assert (other.expired_count, other.skipped_locked_count) == (20, 10)
+        release()
+        first = held.result()
+
+    assert first.expired_count + other.expired_count == 30
+    assert first.expired_count == 10
+    assert {s[:2] for s in table_state(slots_db).values()} == {("Expired", 2)}
+
+
+def test_three_concurrent_runs_expire_each_slot_exactly_once(slots_db: Database):
+    insert_due(slots_db, 3000)
+    start = threading.Barrier(3)
+
+    def runner(n: int):
+        start.wait()
+        return run_job(slots_db, {"batch_size": 50}, app=f"runner-{n}")
+
+    runs = [Background(lambda n=n: runner(n)) for n in range(3)]
+    for r in runs:
+        r.start()
+    results = [r.result(timeout=120) for r in runs]
+
+    assert sum(r.expired_count for r in results) == 3000
+    assert statuses(slots_db) == {"Expired": 3000}
+    assert {s[1] for s in table_state(slots_db).values()} == {2}  # version + 1, exactly once
+
+
+def test_cancellation_mid_batch_commits_that_batch_whole_and_releases_the_locks(
+    slots_db: Database,
+):
+    ids = insert_due(slots_db, 30)
+    run = new_run()
+    with gate(slots_db, ids[3]) as release:
+        job = Background(lambda: run_job(slots_db, {"batch_size": 10}, run=run))
+        job.start()
+        wait_at_gate(slots_db)
+        run.stop.set("SIGTERM received")
+        release()
+        with pytest.raises(JobCancelled, match="SIGTERM received; 10 slots expired"):
+            job.result()
+
+    state = table_state(slots_db)
+    assert [state[i][0] for i in ids] == ["Expired"] * 10 + ["Available"] * 20
+    assert lock_all_nowait(slots_db) == 30
+    assert se.M_LAST_SUCCESS not in run.metrics.gauges
+
+
+@pytest.mark.parametrize("interrupt", ["pg_cancel_backend", "pg_terminate_backend"])
+def test_interrupted_batch_rolls_back_whole_fails_the_run_and_the_next_run_finishes(
+    slots_db: Database, interrupt: str
+):
+    ids = insert_due(slots_db, 30)
+    run = new_run()
+    with gate(slots_db, ids[14]) as release:  # second batch
+        job = Background(lambda: run_job(slots_db, {"batch_size": 10}, run=run, app="victim"))
+        job.start()
+        wait_at_gate(slots_db, "victim")
+        (pid,) = backend_pids(slots_db, "victim")
+        with slots_db.connect(autocommit=True) as admin:
+            if interrupt == "pg_cancel_backend":
+                admin.execute("select pg_cancel_backend(%s)", (pid,))
+            else:
+                admin.execute("select pg_terminate_backend(%s)", (pid,))
+        with pytest.raises(psycopg.OperationalError):
+            job.result()
+        release()
+
+    state = table_state(slots_db)
+    assert [state[i][:2] for i in ids] == [("Expired", 2)] * 10 + [("Available", 1)] * 20
+    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert lock_all_nowait(slots_db) == 30
+
+    assert run_job(slots_db, {"batch_size": 10}).expired_count == 20
+    assert {s[:2] for s in table_state(slots_db).values()} == {("Expired", 2)}
+
+
+def test_dry_run_counts_what_would_expire_and_changes_nothing(slots_db: Database):
+    insert_due(slots_db, 7)
+    with slots_db.connect() as conn:
+        insert_slot(conn, start_at=NOW + timedelta(hours=1))
+    before = table_state(slots_db)
+
+    result = run_job(slots_db, {"batch_size": 2}, dry_run=True)
+
+    assert result.as_dict()["WouldExpireCount"] == 7
+    assert result.as_dict()["DryRun"] is True
+    assert result.expired_count == 0
+    assert table_state(slots_db) == before
+
+
+def test_invalid_config_fails_before_any_connection_naming_the_key(slots_db: Database):
+    insert_due(slots_db, 3)
+    before = table_state(slots_db)
+    opened = []
+
+    def connect():
+        opened.append(True)
+        raise AssertionError("must not connect")
+
+    run = new_run()
+    with pytest.raises(ConfigError, match="batch_size = 0"):
+        se.run(connect, {"batch_size": 0}, run.telemetry, run.stop)
+    with pytest.raises(ConfigError, match="max_run_duration_seconds"):
+        se.run(connect, {"max_run_duration_seconds": -1}, run.telemetry, run.stop)
+    assert opened == []
+    assert table_state(slots_db) == before

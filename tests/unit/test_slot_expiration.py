@@ -1,0 +1,162 @@
+"""Pure rules of the slot-expiration job: config, error classification, bisection, result."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+
+import pytest
+
+from include.pin_maintenance import sql
+from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.jobs import slot_expiration as se
+
+
+def test_config_defaults_match_design_section_4():
+    assert se.CONFIG.job == "calendar_slot_expiration"
+    assert se.CONFIG.resolve(None, None) == {"batch_size": 500, "max_run_duration_seconds": 30}
+
+
+@pytest.mark.parametrize(
+    ("variable", "params", "message"),
+    [
+        (None, {"batch_size": 0}, "batch_size = 0 (from trigger params) is out of range"),
+        (None, {"batch_size": 10_001}, "allowed: integer 1..10000"),
+        (None, {"batch_size": 1.5}, "batch_size = 1.5"),
+        ('{"max_run_duration_seconds": 0}', None, "max_run_duration_seconds = 0"),
+        (None, {"max_run_duration_seconds": -3}, "allowed: number > 0"),
+        ('{"lock_ttl_seconds": 60}', None, "unknown config key 'lock_ttl_seconds'"),
+    ],
+)
+def test_invalid_config_names_the_key_value_and_range(variable, params, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        se.CONFIG.resolve(variable, params)
+
+
+def test_dry_run_param_is_not_a_config_key():
+    assert se.CONFIG.resolve(None, {"dry_run": True, "batch_size": None}) == se.CONFIG.defaults
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({}, {"batch_size": 500, "max_run_duration_seconds": 30}),
+        ({"batch_size": 1}, {"batch_size": 1, "max_run_duration_seconds": 30}),
+        ({"max_run_duration_seconds": 0.5}, {"batch_size": 500, "max_run_duration_seconds": 0.5}),
+    ],
+)
+def test_validate_accepts_resolved_configs(config, expected):
+    assert se.validate(config) == expected
+
+
+@pytest.mark.parametrize(
+    ("config", "key"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": "500"}, "batch_size"),
+        ({"max_run_duration_seconds": 0}, "max_run_duration_seconds"),
+        ({"max_attempts": 3}, "max_attempts"),
+    ],
+)
+def test_validate_rejects_bad_configs_naming_the_key(config, key):
+    with pytest.raises(ConfigError, match=key):
+        se.validate(config)
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "row_error", "why"),
+    [
+        ("P0001", True, "raise_exception from a trigger"),
+        ("22003", True, "numeric_value_out_of_range (version + 1 overflow)"),
+        ("22P02", True, "invalid_text_representation"),
+        ("23514", True, "check_violation"),
+        ("23505", True, "unique_violation"),
+        ("23503", True, "foreign_key_violation"),
+        ("23502", True, "not_null_violation"),
+        ("57014", False, "query_canceled / statement_timeout"),
+        ("57P01", False, "admin_shutdown"),
+        ("08006", False, "connection_failure"),
+        ("40P01", False, "deadlock_detected"),
+        ("40001", False, "serialization_failure"),
+        ("55P03", False, "lock_not_available (lock_timeout)"),
+        ("53100", False, "disk_full"),
+        ("42501", False, "insufficient_privilege: every row would fail"),
+        ("42P01", False, "undefined_table"),
+        ("XX000", False, "internal_error"),
+        (None, False, "no SQLSTATE: the connection is gone"),
+        ("", False, "empty SQLSTATE"),
+    ],
+)
+def test_error_classification(sqlstate, row_error, why):
+    assert se.is_row_error(sqlstate) is row_error, why
+
+
+@pytest.mark.parametrize(
+    ("size", "failing", "max_statements"),
+    [
+        (1, set(), 1),
+        (500, set(), 1),
+        (1, {0}, 1),
+        (500, {0}, 19),
+        (500, {499}, 19),
+        (500, {250}, 19),
+        (500, {3, 400}, 37),
+        (8, set(range(8)), 15),  # everything fails: 2n - 1
+    ],
+)
+def test_bisection_isolates_exactly_the_failing_rows(size, failing, max_statements):
+    good, poison, statements = se.bisect_plan(size, frozenset(failing))
+    assert poison == sorted(failing)
+    assert good == sorted(set(range(size)) - failing)
+    assert statements <= max_statements
+
+
+def test_result_dict_carries_the_seed_fields():
+    as_of = datetime(2026, 6, 1, tzinfo=UTC)
+    result = se.ExpirationResult(3, 1, 42, as_of, batches=1, backlog=0)
+    assert result.as_dict() == {
+        "ExpiredCount": 3,
+        "SkippedLockedCount": 1,
+        "DurationMs": 42,
+        "ErrorsCount": 0,
+        "Backlog": 0,
+        "Batches": 1,
+        "StopReason": "drained",
+        "AsOf": "2026-06-01T00:00:00+00:00",
+    }
+    dry = se.ExpirationResult(0, 0, 1, as_of, dry_run=True, would_expire_count=9)
+    assert dry.as_dict()["WouldExpireCount"] == 9
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "slots/expire_due_slots",
+        "slots/lock_due_slots",
+        "slots/expire_slots_by_id",
+        "slots/count_due_slots",
+        "slots/count_backlog",
+    ],
+)
+def test_queries_exist_and_use_bound_parameters_only(name):
+    text = sql.load(name)
+    assert "%(" in text
+    assert "{" not in text
+
+
+def test_metric_names_are_the_contract():
+    assert {
+        se.M_CYCLE_DURATION,
+        se.M_ITEMS,
+        se.M_BACKLOG,
+        se.M_SKIP_LOCKED,
+        se.M_ERRORS,
+        se.M_LAST_SUCCESS,
+    } == {
+        "calendar_slot_expiration_cycle_duration_seconds",
+        "calendar_slot_expiration_items_total",
+        "calendar_slot_expiration_backlog",
+        "calendar_slot_expiration_skip_locked_total",
+        "calendar_slot_expiration_errors_total",
+        "calendar_slot_expiration_last_success_timestamp_seconds",
+    }
