@@ -1,8 +1,8 @@
 """Benchmarks: each job's real code path against the physical limit of the same data.
 
-    python -m devtools.bench              # default sizes (about 10 minutes); writes docs/benchmarks.md
-    python -m devtools.bench --full       # adds 1M eligible retention sessions (slow, see below)
-    python -m devtools.bench --smoke      # tiny sizes, < 60 s; writes .local/bench/benchmarks-smoke.md
+    python -m devtools.bench            # default sizes (~10 min), writes docs/benchmarks.md
+    python -m devtools.bench --full     # adds 1M eligible retention sessions (slow)
+    python -m devtools.bench --smoke    # tiny sizes, < 60 s, .local/bench/benchmarks-smoke.md
     python -m devtools.bench --only slots detach --runs 5 --out /tmp/b.md
 
 What is measured (docs/benchmarks.md explains how to read it):
@@ -35,7 +35,6 @@ import logging
 import math
 import os
 import platform
-import re
 import shutil
 import socket
 import statistics
@@ -46,14 +45,13 @@ import threading
 import time
 import uuid
 from base64 import b64encode
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import psycopg
-from psycopg import sql
 
 from devtools import airflow_env as ae
 from devtools import bench_data as bd
@@ -63,7 +61,9 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH_PGDATA = REPO / ".local" / "bench-pg"
 DEFAULT_OUT = REPO / "docs" / "benchmarks.md"
 SMOKE_OUT = REPO / ".local" / "bench" / "benchmarks-smoke.md"
-NOTES_MARKER = "<!-- hand-written notes below this line are kept when the bench rewrites the file -->"
+NOTES_MARKER = (
+    "<!-- hand-written notes below this line are kept when the bench rewrites the file -->"
+)
 
 SECTIONS = ("retention", "slots", "detach", "parse", "airflow")
 TITLES = {
@@ -79,9 +79,9 @@ DAG_IDS = {
     "detach": "news_snapshot_detach_retry",
 }
 JOB_MODULES = {
-    "retention": "include.pin_maintenance.jobs.retention",
-    "slots": "include.pin_maintenance.jobs.slots",
-    "detach": "include.pin_maintenance.jobs.detach",
+    "retention": "include.pin_maintenance.jobs.activity_retention",
+    "slots": "include.pin_maintenance.jobs.slot_expiration",
+    "detach": "include.pin_maintenance.jobs.snapshot_detach",
 }
 RETENTION_DAYS = 365
 SELECTIONS_LOGIN = "pin-maintenance"
@@ -208,7 +208,7 @@ class Series:
             return "n/a"
         if len(self.values) == 1:
             return _secs(self.values[0])
-        return f"{_secs(self.median)} ({_secs(min(self.values))}–{_secs(max(self.values))})"
+        return f"{_secs(self.median)} ({_secs(min(self.values))} .. {_secs(max(self.values))})"
 
 
 def _secs(value: float) -> str:
@@ -260,18 +260,32 @@ class JobRun:
     alerts: int
 
 
-def _job_kwargs(job: str, spec: dict) -> dict:
-    """Extra keyword arguments a job's ``run`` needs beyond (connect, config, telemetry, stop)."""
+def _job_args(job: str, spec: dict) -> tuple[list, Callable[[], None]]:
+    """Positional arguments a job's ``run`` takes after (connect, config, telemetry, stop),
+    built as its DAG task builds them, and what to close afterwards."""
     if job == "detach":
-        module = importlib.import_module(JOB_MODULES["detach"])
-        client_factory = getattr(module, "selections_client_for_bench", None)
-        if client_factory is not None:
-            return {"client": client_factory(spec["selections_url"])}
-        return {
-            "selections_url": spec["selections_url"],
-            "selections_auth": (SELECTIONS_LOGIN, SELECTIONS_PASSWORD),
-        }
-    return {}
+        from include.pin_maintenance.jobs.snapshot_detach_client import (
+            HttpDetachClient,
+            basic_auth_session,
+        )
+
+        client = HttpDetachClient(
+            spec["selections_url"],
+            lambda: basic_auth_session(SELECTIONS_LOGIN, SELECTIONS_PASSWORD),
+        )
+        return [client], client.close
+    return [], lambda: None
+
+
+def _session_settings(module: object, job_name: str):
+    """The job's own session settings (what its DAG passes to postgres_connect)."""
+    from include.pin_maintenance.db import SessionSettings
+
+    for name in ("SESSION_SETTINGS", "SESSION"):
+        settings = getattr(module, name, None)
+        if isinstance(settings, SessionSettings):
+            return settings
+    return SessionSettings(application_name=job_name)
 
 
 def _as_dict(result: object) -> dict:
@@ -286,7 +300,7 @@ def _as_dict(result: object) -> dict:
 
 def job_child_main(spec_json: str) -> int:
     """The child side: run one job function once and print its timing and result as JSON."""
-    from include.pin_maintenance.db import SessionSettings, configured
+    from include.pin_maintenance.db import configured
     from include.pin_maintenance.runloop import StopSignal
     from include.pin_maintenance.telemetry import (
         JobLog,
@@ -303,17 +317,19 @@ def job_child_main(spec_json: str) -> int:
     )
     module = importlib.import_module(JOB_MODULES[spec["job"]])
     config = module.CONFIG.resolve(None, spec["config"])
-    settings = getattr(module, "SESSION_SETTINGS", None) or SessionSettings()
     url = spec["url"]
-    connect = configured(lambda: psycopg.connect(url), settings)
+    connect = configured(lambda: psycopg.connect(url), _session_settings(module, module.CONFIG.job))
     job_log = JobLog(module.CONFIG.job, f"bench__{uuid.uuid4().hex[:8]}")
     metrics = RecordingMetrics()
     alerts = LogOnlyAlerts(job_log)
     telemetry = Telemetry(job_log, metrics, alerts)
-    kwargs = _job_kwargs(spec["job"], spec)
-    started = time.perf_counter()
-    result = module.run(connect, config, telemetry, StopSignal(), **kwargs)
-    seconds = time.perf_counter() - started
+    args, close = _job_args(spec["job"], spec)
+    try:
+        started = time.perf_counter()
+        result = module.run(connect, config, telemetry, StopSignal(), *args)
+        seconds = time.perf_counter() - started
+    finally:
+        close()
     payload = {
         "seconds": seconds,
         "result": _as_dict(result),
@@ -492,12 +508,10 @@ class Bench:
     def retention_template(self, eligible: int) -> tuple[pg.Database, bd.RetentionDataset]:
         ds = bd.retention_dataset(eligible)
         label = (
-            f"retention: {ds.eligible:,} eligible + {ds.young:,} young + {ds.active:,} Active "
-            f"sessions, x13 children"
+            f"retention: {ds.eligible:,} eligible + {ds.keep:,} young/Active sessions, "
+            f"{ds.views_per_session} views + {ds.events_per_session} events each"
         )
-        db = self.dataset(
-            label, ds.rows, ("ret", eligible), lambda url: bd.load_retention(url, ds)
-        )
+        db = self.dataset(label, ds.rows, ("ret", eligible), lambda url: bd.load_retention(url, ds))
         return db, ds
 
     def slots_template(self, total: int, due: int) -> pg.Database:
@@ -515,9 +529,7 @@ class Bench:
 
     # -- running things ---------------------------------------------------------------------
 
-    def run_job(
-        self, job: str, db: pg.Database, config: dict, **extra: object
-    ) -> JobRun:
+    def run_job(self, job: str, db: pg.Database, config: dict, **extra: object) -> JobRun:
         spec = {
             "job": job,
             "url": db.url,
@@ -562,7 +574,7 @@ class Bench:
         rows = []
         for eligible in self.plan.retention:
             template, ds = self.retention_template(eligible)
-            deleted = ds.eligible * 14  # session + 6 views + 7 events
+            deleted = ds.eligible_rows
             before = bd.retention_state(template.url, RETENTION_DAYS)
             config = {
                 "retention_period_days": RETENTION_DAYS,
@@ -581,11 +593,7 @@ class Bench:
                             batches.add(str(run.result.get("BatchesProcessed", "?")))
                             self.check_retention(db, before, ds, run.result)
                         else:
-                            limit.add(
-                                self.timed_sql(
-                                    db, RETENTION_LIMIT, {"days": RETENTION_DAYS}
-                                )
-                            )
+                            limit.add(self.timed_sql(db, RETENTION_LIMIT, {"days": RETENTION_DAYS}))
                             self.check_retention(db, before, ds, None)
                     finally:
                         self.drop(db)
@@ -607,11 +615,11 @@ class Bench:
                 ]
             )
         out.append(
-            "Job: `retention.run()` with defaults (batch_size 5000), `max_batches_per_run` and "
+            "Job: `activity_retention.run()` with defaults (batch_size 5000), `max_batches_per_run` and "
             "`max_run_duration_seconds` raised so one run drains the backlog. Limit: one "
             "transaction deleting the action_events, then the property_object_views, then the "
             "sessions of every eligible id (three set-based statements). Each timed run starts "
-            "from a fresh clone of the dataset; young Inactive and Active sessions (10% each) "
+            "from a fresh clone of the dataset; young Inactive and Active sessions (20% as many) "
             "and property_object_view_stats are checked unchanged after every run."
         )
         out.append("")
@@ -638,13 +646,12 @@ class Bench:
         self, db: pg.Database, before: dict, ds: bd.RetentionDataset, result: dict | None
     ) -> None:
         after = bd.retention_state(db.url, RETENTION_DAYS)
-        children = bd.VIEWS_PER_SESSION + bd.EVENTS_PER_SESSION
-        keep = ds.young + ds.active
+        keep = ds.keep
         expected = {
             "eligible_left": 0,
             "sessions": keep,
-            "views": keep * bd.VIEWS_PER_SESSION,
-            "events": keep * bd.EVENTS_PER_SESSION,
+            "views": keep * ds.views_per_session,
+            "events": keep * ds.events_per_session,
             "stats_views": before["stats_views"],
         }
         if after != expected:
@@ -652,12 +659,12 @@ class Bench:
         if result is not None:
             want = {
                 "DeletedSessions": ds.eligible,
-                "DeletedPropertyObjectViews": ds.eligible * bd.VIEWS_PER_SESSION,
-                "DeletedActionEvents": ds.eligible * bd.EVENTS_PER_SESSION,
+                "DeletedPropertyObjectViews": ds.eligible * ds.views_per_session,
+                "DeletedActionEvents": ds.eligible * ds.events_per_session,
             }
             got = {k: result.get(k) for k in want}
             if got != want:
-                raise BenchError(f"retention result {got}, expected {want} ({children}/session)")
+                raise BenchError(f"retention result {got}, expected {want}")
 
     def bench_slots(self, out: list[str]) -> None:
         config = {"max_run_duration_seconds": 3600}
@@ -698,7 +705,7 @@ class Bench:
                 ]
             )
         out.append(
-            "Job: `slots.run()` with defaults (batch_size 500, one transaction per batch), "
+            "Job: `slot_expiration.run()` with defaults (batch_size 500, one transaction per batch), "
             "`max_run_duration_seconds` raised so one run expires the whole backlog. Limit: "
             "one `UPDATE ... SET status = 'Expired', updated_at = now(), version = version + 1 "
             "WHERE status = 'Available' AND start_at <= now()`. Fresh clone per timed run."
@@ -733,9 +740,7 @@ class Bench:
                 rss.append(run.proc.maxrss_kb)
                 limit.add(self.timed_sql(template, [SLOTS_LIMIT], {}))
             medians.append(job.median)
-            empty_rows.append(
-                [f"{total:,}", job.fmt(), limit.fmt(), _mb(max(rss))]
-            )
+            empty_rows.append([f"{total:,}", job.fmt(), limit.fmt(), _mb(max(rss))])
         growth = medians[-1] / medians[0] if len(medians) > 1 and medians[0] else math.nan
         out.append("")
         out.append(
@@ -753,9 +758,7 @@ class Bench:
 
     def selections(self) -> Service:
         if self._service is None:
-            self._service = start_selections(
-                self.plan.latency_ms, self.workdir / "selections.log"
-            )
+            self._service = start_selections(self.plan.latency_ms, self.workdir / "selections.log")
         return self._service
 
     def detach_concurrency(self) -> int:
@@ -809,7 +812,15 @@ class Bench:
             ratio = _ratio(capacity.median * due / n, job.median)
             goal = _verdict(ratio >= 0.8) if not overrides else "(reference)"
             rows.append(
-                [label, f"{due:,}", job.fmt(), _rate(due, job.median), f"{ratio:.2f}x", _mb(max(rss)), goal]
+                [
+                    label,
+                    f"{due:,}",
+                    job.fmt(),
+                    _rate(due, job.median),
+                    f"{ratio:.2f}x",
+                    _mb(max(rss)),
+                    goal,
+                ]
             )
         rows.insert(
             0,
@@ -827,7 +838,7 @@ class Bench:
             f"Selections service: `devtools/selections_service.py --latency-ms "
             f"{self.plan.latency_ms:g}` (every call waits {self.plan.latency_ms:g} ms). Its "
             f"capacity is measured alone first by a client with the job's default concurrency "
-            f"({concurrency}), then `detach.run()` processes due Pending rows on a fresh clone "
+            f"({concurrency}), then `snapshot_detach.run()` processes due Pending rows on a fresh clone "
             f"each time (every row must end Done). Ideal at this latency: "
             f"{concurrency * 1000 / self.plan.latency_ms:,.0f} calls/s with {concurrency} in "
             f"flight, {1000 / self.plan.latency_ms:,.0f}/s sequentially."
@@ -872,7 +883,13 @@ class Bench:
         out.append("")
         out.append(
             md_table(
-                ["DAG file", "import (after airflow.sdk)", "DagBag", "process wall", "goal < 0.2 s"],
+                [
+                    "DAG file",
+                    "import (after airflow.sdk)",
+                    "DagBag",
+                    "process wall",
+                    "goal < 0.2 s",
+                ],
                 rows,
             )
         )
@@ -902,9 +919,7 @@ class Bench:
             self._airflow_home = home
         return self._airflow_home
 
-    def dags_test(
-        self, dag_id: str, db: pg.Database, variables: dict | None = None
-    ) -> Proc:
+    def dags_test(self, dag_id: str, db: pg.Database, variables: dict | None = None) -> Proc:
         env = ae.airflow_env(
             self.airflow_home(),
             job_db_url=db.url,
@@ -912,7 +927,6 @@ class Bench:
             selections_login=SELECTIONS_LOGIN,
             selections_password=SELECTIONS_PASSWORD,
             variables=variables,
-            extra={"AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING"},
         )
         cmd = [str(ae.VENV_BIN / "airflow"), "dags", "test", dag_id]
         proc = measure_process(cmd, env=env, timeout=3600)
@@ -943,9 +957,11 @@ class Bench:
         )
         out.append("")
         out.append(md_table(["DAG", "wall (empty dataset)", "peak RSS"], overhead_rows))
-        fixed = statistics.median(
-            [s.median for s in self.overhead.values()]
-        ) if self.overhead else math.nan
+        fixed = (
+            statistics.median([s.median for s in self.overhead.values()])
+            if self.overhead
+            else math.nan
+        )
 
         # once per job: the DAG on the largest default dataset
         data_rows = []
@@ -997,9 +1013,7 @@ class Bench:
             eligible = self.plan.retention[min(1, len(self.plan.retention) - 1)]
             template, ds = self.retention_template(eligible)
             before = bd.retention_state(template.url, RETENTION_DAYS)
-            variables = {
-                dag_id: {"max_batches_per_run": 50_000, "max_run_duration_seconds": 7200}
-            }
+            variables = {dag_id: {"max_batches_per_run": 50_000, "max_run_duration_seconds": 7200}}
             db = self.clone(template, "af_ret")
             proc = self.dags_test(dag_id, db, variables)
 
@@ -1009,10 +1023,16 @@ class Bench:
                 finally:
                     self.drop(db)
 
-            return proc, ds.eligible * 14, f"{ds.eligible:,} eligible sessions", (
-                "retention",
-                str(eligible),
-            ), check
+            return (
+                proc,
+                ds.eligible_rows,
+                f"{ds.eligible:,} eligible sessions",
+                (
+                    "retention",
+                    str(eligible),
+                ),
+                check,
+            )
         if job == "slots":
             total, due = self.plan.slots[-1]
             template = self.slots_template(total, due)
@@ -1164,6 +1184,7 @@ def _pg_setting(value: str, unit: str | None) -> str:
 
 
 def render(
+    *,
     plan: Plan,
     argv: Sequence[str],
     info: list[tuple[str, str]],
@@ -1180,7 +1201,7 @@ def render(
         f"{started:%Y-%m-%d %H:%M} UTC in {total_seconds / 60:.1f} min. "
         "Re-run with `make bench` (default sizes) or `python -m devtools.bench --full`.",
         "",
-        "Cells read `median (min–max)` over the timed runs. *Job* = the job function's "
+        "Cells read `median (min .. max)` over the timed runs. *Job* = the job function's "
         "`run()` in a fresh subprocess (interpreter start and imports excluded; peak RSS is "
         "that process's `ru_maxrss`). *Limit* = the same work as raw set-based SQL in one "
         "transaction on the same data, or the service's own capacity: `limit/job` >= 1 would "
@@ -1233,7 +1254,9 @@ def write_report(path: Path, text: str) -> None:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m devtools.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.bench", description=__doc__.split("\n")[0]
+    )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--smoke", action="store_true", help="tiny sizes, < 60 s (make test)")
     size.add_argument("--full", action="store_true", help="adds 1M eligible retention sessions")
@@ -1256,7 +1279,9 @@ def main(argv: Sequence[str]) -> int:
     started = time.perf_counter()
 
     own_server = not os.environ.get(pg.EXTERNAL_URL_ENV)
-    admin = pg.admin_url() if not own_server else pg.start_embedded(BENCH_PGDATA, keep_running=False)
+    admin = (
+        pg.admin_url() if not own_server else pg.start_embedded(BENCH_PGDATA, keep_running=False)
+    )
     workdir = Path(tempfile.mkdtemp(prefix="pin-bench-"))
     bench = Bench(plan, admin, workdir, args.runs)
     sections: list[Section] = []
@@ -1283,13 +1308,13 @@ def main(argv: Sequence[str]) -> int:
             pg.stop_embedded(BENCH_PGDATA)
         shutil.rmtree(workdir, ignore_errors=True)
     text = render(
-        plan,
-        argv,
-        info,
-        bench,
-        sections,
-        started_at,
-        time.perf_counter() - started,
+        plan=plan,
+        argv=argv,
+        info=info,
+        bench=bench,
+        sections=sections,
+        started=started_at,
+        total_seconds=time.perf_counter() - started,
     )
     write_report(out, text)
     print(text)

@@ -1,158 +1,88 @@
-"""Set-based data generators for the benchmarks (``devtools.bench``), one per job.
+"""Benchmark datasets (``devtools.bench``): millions of rows in seconds, set-based.
 
-Every generator fills a database that already holds the reference schema, with one
-``INSERT ... SELECT generate_series`` per table, so that millions of rows take seconds, not
-minutes. Ids are derived from the series number (``md5(...)::uuid``): uniformly spread like
-random UUIDs, but reproducible, so two datasets of the same size are the same rows.
-
-Secondary indexes and foreign keys cost most of the load time when they are maintained row by
-row, so :func:`bulk_load` drops them (read back from the catalog, whatever the reference schema
-holds today), loads, then recreates them exactly and runs ``VACUUM ANALYZE``. The result has
-the reference schema's shape, indexes and constraints, with fresh statistics and visibility map.
+Retention and slot data come from the jobs' own generators (``devtools.retention_data``,
+``devtools.slot_data``: one ``INSERT ... SELECT generate_series`` per table), the outbox from
+here. Primary keys, secondary indexes and foreign keys cost most of the load time when they are
+maintained row by row, so :func:`bulk_load` drops them (read back from the catalog: whatever
+the reference schema holds today), loads, recreates them exactly, then runs
+``VACUUM (ANALYZE, FREEZE)``. The result has the reference schema's shape, indexes and
+constraints, with fresh statistics and a set visibility map, as a long-lived table would.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 from psycopg import sql
 
 # ---------------------------------------------------------------------------------------------
-# user_activity (retention)
+# user_activity (retention): the retention job's own generator (devtools.retention_data)
 
 RETENTION_TABLES = (
     "user_activity.sessions",
     "user_activity.property_object_views",
     "user_activity.action_events",
-)
-VIEWS_PER_SESSION = 6
-EVENTS_PER_SESSION = 7
-# Views 1..2 point at an event of their own session (apply_filter_event_id); events 3..6 point
-# at a view of their own session (property_object_view_id): both FK directions are exercised.
-VIEWS_WITH_FILTER_EVENT = 2
-EVENTS_WITH_VIEW = range(3, 7)
-
-# Kinds of sessions. Eligible: Inactive, ended 366..400 days ago (retention period 365 days).
-# Young: Inactive, ended 1..300 days ago. Active: no ended_at. Only the eligible ones may go.
-_INSERT_SESSIONS = """
-insert into user_activity.sessions
-  (id, user_id, anonymous_id, status, started_at, last_activity_at, ended_at, created_at)
-select md5(%(kind)s || g)::uuid,
-       case when g %% 3 <> 0 then md5('u' || (g %% 50000))::uuid end,
-       case when g %% 3 = 0 then md5('a' || g)::uuid end,
-       case when %(kind)s = 'active' then 'Active' else 'Inactive' end,
-       e - interval '25 minutes', e - interval '1 minute',
-       case when %(kind)s = 'active' then null else e end,
-       e - interval '25 minutes'
-from generate_series(1, %(n)s) g
-cross join lateral (
-  select case %(kind)s
-           when 'eligible' then now() - interval '366 days' - (g %% 34) * interval '1 day'
-                                - (g %% 86400) * interval '1 second'
-           when 'young' then now() - interval '1 day' - (g %% 299) * interval '1 day'
-           else now() - (g %% 3600) * interval '1 second'
-         end as e
-) t
-"""
-
-_INSERT_VIEWS = """
-insert into user_activity.property_object_views
-  (id, session_id, property_object_id, apply_filter_event_id, started_at, ended_at, duration_ms)
-select md5('v' || %(kind)s || g || '-' || k)::uuid,
-       md5(%(kind)s || g)::uuid,
-       md5('po' || ((g * 7 + k) %% 20000))::uuid,
-       case when k <= %(with_filter)s then md5('e' || %(kind)s || g || '-' || k)::uuid end,
-       s.started_at + k * interval '2 minutes',
-       s.started_at + k * interval '2 minutes' + interval '90 seconds',
-       90000
-from generate_series(1, %(n)s) g
-cross join generate_series(1, %(views)s) k
-cross join lateral (select now() - interval '400 days' as started_at) s
-"""
-
-_INSERT_EVENTS = """
-insert into user_activity.action_events
-  (id, session_id, property_object_view_id, type, occurred_at, payload)
-select md5('e' || %(kind)s || g || '-' || k)::uuid,
-       md5(%(kind)s || g)::uuid,
-       case when k between %(view_from)s and %(view_to)s
-            then md5('v' || %(kind)s || g || '-' || (k - 2))::uuid end,
-       (array['ApplyFilter', 'OpenCard', 'ViewPropertyObject', 'AddFavourite',
-              'Share', 'Call', 'Scroll'])[k],
-       now() - interval '400 days' + k * interval '1 minute',
-       jsonb_build_object('k', k, 'page', g %% 40, 'filter', 'rooms>=2;price<=15000000')
-from generate_series(1, %(n)s) g
-cross join generate_series(1, %(events)s) k
-"""
-
-_INSERT_VIEW_STATS = """
-insert into user_activity.property_object_view_stats
-  (property_object_id, views_count, total_duration_ms, updated_at)
-select md5('po' || g)::uuid, 100 + g, 9000000 + g, now()
-from generate_series(0, 19999) g
-on conflict do nothing
-"""
+)  # property_object_view_stats keeps its key: the generator upserts into it
+# seed_sessions gives every session this many views and as many events; every event points at
+# a view of its session and each session's first view points back at its first event.
+CHILDREN_PER_SESSION = 6
+RETENTION_DAYS = 365
 
 
 @dataclass(frozen=True)
 class RetentionDataset:
     eligible: int
-    young: int
-    active: int
+    keep: int  # half young Inactive (ended 30 days ago), half Active: both must stay
+
+    @property
+    def views_per_session(self) -> int:
+        return CHILDREN_PER_SESSION
+
+    @property
+    def events_per_session(self) -> int:
+        return CHILDREN_PER_SESSION
+
+    @property
+    def rows_per_session(self) -> int:
+        return 1 + self.views_per_session + self.events_per_session
 
     @property
     def sessions(self) -> int:
-        return self.eligible + self.young + self.active
-
-    @property
-    def eligible_children(self) -> int:
-        return self.eligible * (VIEWS_PER_SESSION + EVENTS_PER_SESSION)
+        return self.eligible + self.keep
 
     @property
     def rows(self) -> int:
-        return self.sessions * (1 + VIEWS_PER_SESSION + EVENTS_PER_SESSION)
+        return self.sessions * self.rows_per_session
+
+    @property
+    def eligible_rows(self) -> int:
+        return self.eligible * self.rows_per_session
 
 
 def retention_dataset(eligible: int) -> RetentionDataset:
-    """The default mix: every eligible session has keepers beside it (10% young, 10% Active)."""
-    keep = max(eligible // 10, 10)
-    return RetentionDataset(eligible=eligible, young=keep, active=keep)
+    """Eligible sessions plus 20% as many that must stay (young Inactive and Active)."""
+    return RetentionDataset(eligible=eligible, keep=max(eligible // 5, 10))
 
 
 def load_retention(url: str, ds: RetentionDataset) -> None:
-    """Sessions of the three kinds, each with 6 views + 7 events and cross references."""
+    from devtools.retention_data import seed_sessions
 
-    def load(conn: psycopg.Connection) -> None:
-        for kind, n in (("eligible", ds.eligible), ("young", ds.young), ("active", ds.active)):
-            if not n:
-                continue
-            conn.execute(_INSERT_SESSIONS, {"kind": kind, "n": n})
-            conn.execute(
-                _INSERT_VIEWS,
-                {
-                    "kind": kind,
-                    "n": n,
-                    "views": VIEWS_PER_SESSION,
-                    "with_filter": VIEWS_WITH_FILTER_EVENT,
-                },
-            )
-            conn.execute(
-                _INSERT_EVENTS,
-                {
-                    "kind": kind,
-                    "n": n,
-                    "events": EVENTS_PER_SESSION,
-                    "view_from": EVENTS_WITH_VIEW.start,
-                    "view_to": EVENTS_WITH_VIEW.stop - 1,
-                },
-            )
-        conn.execute(_INSERT_VIEW_STATS)
-
-    bulk_load(url, RETENTION_TABLES, load)
+    bulk_load(
+        url,
+        RETENTION_TABLES,
+        lambda conn: seed_sessions(
+            conn,
+            ds.eligible,
+            ds.keep,
+            CHILDREN_PER_SESSION,
+            tag="bench",
+            retention_days=RETENTION_DAYS,
+            n_property_objects=5000,
+        ),
+    )
 
 
 RETENTION_ELIGIBLE_LEFT = """
@@ -167,7 +97,7 @@ select (select count(*) from user_activity.sessions),
 """
 
 
-def retention_state(url: str, retention_days: int = 365) -> dict[str, int]:
+def retention_state(url: str, retention_days: int = RETENTION_DAYS) -> dict[str, int]:
     with psycopg.connect(url) as conn:
         (left,) = conn.execute(RETENTION_ELIGIBLE_LEFT, {"days": retention_days}).fetchone()
         sessions, views, events, stats = conn.execute(RETENTION_TOTALS).fetchone()
@@ -181,51 +111,45 @@ def retention_state(url: str, retention_days: int = 365) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# calendar (slot expiration)
+# calendar (slot expiration): the slot job's own generator (devtools.slot_data)
 
 SLOT_TABLES = ("calendar.availability_slots",)
+# Future slots start this far ahead, so they stay not-due for the length of a benchmark.
+FUTURE_OFFSET = timedelta(hours=2)
 
-# Rows 1..due are Available with start_at in the past (due). The others: 60% past and not
-# Available (Expired / Booked / Archived), 40% in the future (Available or Booked), starting at
-# least two hours from now so that they stay not-due for the length of a benchmark.
-_INSERT_SLOTS = """
-insert into calendar.availability_slots
-  (id, tenant_id, consultant_id, start_at, end_at, status, version, created_at, updated_at)
-select md5('slot' || g)::uuid,
-       md5('tenant' || (g %% 300))::uuid,
-       md5('consultant' || (g %% 20000))::uuid,
-       t.start_at, t.start_at + interval '30 minutes', t.status, 1,
-       t.start_at - interval '14 days', t.start_at - interval '14 days'
-from generate_series(1, %(total)s) g
-cross join lateral (
-  select case
-           when g <= %(due)s then now() - interval '1 minute' - (g %% 20160) * interval '1 minute'
-           when g %% 10 < 6 then now() - interval '1 hour' - (g %% 525600) * interval '1 minute'
-           else now() + interval '2 hours' + (g %% 129600) * interval '1 minute'
-         end as start_at,
-         case
-           when g <= %(due)s then 'Available'
-           when g %% 10 < 6 then (array['Expired', 'Booked', 'Archived', 'Expired'])[g %% 4 + 1]
-           when g %% 10 < 9 then 'Available'
-           else 'Booked'
-         end as status
-) t
-"""
+
+def load_slots(url: str, total: int, due: int) -> None:
+    """``due`` Available slots in the past; of the rest 60% past and not Available (Booked,
+    Expired, Archived), 40% Available in the future."""
+    from devtools.slot_data import SlotMix, generate
+
+    if due > total:
+        raise ValueError(f"due={due} > total={total}")
+    rest = total - due
+    past = rest * 6 // 10
+    booked, expired = past // 3, past // 2
+    past_mix = SlotMix(
+        past_available=due,
+        booked_past=booked,
+        expired=expired,
+        archived=past - booked - expired,
+        tenants=300,
+        consultants=20_000,
+    )
+    future_mix = SlotMix(future_available=rest - past, tenants=300, consultants=20_000)
+
+    def load(conn: psycopg.Connection) -> None:
+        now = datetime.now(UTC)
+        generate(conn, past_mix, now=now)
+        generate(conn, future_mix, now=now + FUTURE_OFFSET)
+
+    bulk_load(url, SLOT_TABLES, load)
+
 
 SLOTS_DUE = """
 select count(*) from calendar.availability_slots where status = 'Available' and start_at <= now()
 """
 SLOTS_BY_STATUS = "select status, count(*) from calendar.availability_slots group by status"
-
-
-def load_slots(url: str, total: int, due: int) -> None:
-    if due > total:
-        raise ValueError(f"due={due} > total={total}")
-    bulk_load(
-        url,
-        SLOT_TABLES,
-        lambda conn: conn.execute(_INSERT_SLOTS, {"total": total, "due": due}),
-    )
 
 
 def slots_state(url: str) -> dict[str, int]:
@@ -271,7 +195,8 @@ cross join lateral (
 
 OUTBOX_BY_STATUS = "select status, count(*) from news.snapshot_detach_outbox group by status"
 OUTBOX_DUE = """
-select count(*) from news.snapshot_detach_outbox where status = 'Pending' and next_attempt_at <= now()
+select count(*) from news.snapshot_detach_outbox
+where status = 'Pending' and next_attempt_at <= now()
 """
 
 
@@ -361,14 +286,3 @@ def bulk_load(
     with psycopg.connect(url, autocommit=True) as conn:
         for table in tables:
             conn.execute(sql.SQL("vacuum (analyze, freeze) {}").format(sql.SQL(table)))
-
-
-@contextmanager
-def timed() -> Iterator[list[float]]:
-    """``with timed() as t: ...`` then ``t[0]`` holds the elapsed seconds."""
-    box: list[float] = []
-    started = time.perf_counter()
-    try:
-        yield box
-    finally:
-        box.append(time.perf_counter() - started)
