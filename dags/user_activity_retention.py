@@ -49,8 +49,10 @@ from typing import Any
 
 import pendulum
 from airflow.sdk import dag, task
+from airflow.sdk.exceptions import AirflowFailException
 
 from include.pin_airflow.dag_support import DEFAULT_ARGS, config_params, dry_run_param
+from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs.activity_retention import CONFIG, JOB
 
 CONN_ID = "user_activity_db"
@@ -60,6 +62,11 @@ CONN_ID = "user_activity_db"
 # Variable only together with this value.
 DELETE_TIMEOUT = timedelta(hours=2)
 PREPARE_TIMEOUT = timedelta(minutes=10)
+
+
+class InvalidConfig(ConfigError, AirflowFailException):
+    """A ConfigError that fails the task at once: retrying cannot fix a bad value, while
+    infrastructure failures keep the default retry."""
 
 
 def _delete(table: str, plan: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
@@ -96,7 +103,10 @@ def user_activity_retention() -> None:
         from include.pin_maintenance.jobs import activity_retention as job
 
         params = context["params"]
-        config = resolve_config(job.CONFIG, params)  # ConfigError before anything else
+        try:
+            config = resolve_config(job.CONFIG, params)  # before anything touches the DB
+        except ConfigError as exc:
+            raise InvalidConfig(str(exc)) from None
         connect = postgres_connect(CONN_ID, job.SESSION_SETTINGS)
         telemetry = telemetry_for(JOB, context)
         plan = job.prepare(connect, config, telemetry, dry_run=bool(params.get("dry_run")))

@@ -66,7 +66,7 @@ class Call:
     idempotency_key: str | None
     reason: str | None
     behaviour: str
-    status: int | None  # None = connection dropped / abandoned
+    status: int | None  # the answer it gets (None = connection dropped)
     authorized: bool
     at: float
 
@@ -105,6 +105,7 @@ class SelectionsService:
         self._scripts: dict[str, list[str]] = {}
         self._detached: set[str] = set()
         self.calls: list[Call] = []
+        self.connections_opened = 0  # TCP connections accepted (keep-alive reuse shows here)
         self._stopping = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -222,45 +223,39 @@ class SelectionsService:
         authorized = self._authorized(handler.headers.get("Authorization"))
         behaviour = self._next_behaviour(snapshot_id) if authorized else "unauthorized"
 
-        def record(status: int | None) -> None:
-            self._record(Call(snapshot_id, key, reason, behaviour, status, authorized, time.time()))
+        # recorded on arrival (a slow call counts as called even if the client gave up)
+        intended = None if behaviour == "drop" else _STATUS.get(behaviour, 200)
+        if intended == 200 and reason not in ("BlockReplaced", "PostDeleted"):
+            intended = 400
+        self._record(Call(snapshot_id, key, reason, behaviour, intended, authorized, time.time()))
 
         with self._capacity or contextlib.nullcontext():
             if self.latency_ms:
                 time.sleep(self.latency_ms / 1000)
             if behaviour == "drop":
-                record(None)
                 handler.close_connection = True
                 with contextlib.suppress(OSError):
                     handler.connection.shutdown(2)  # SHUT_RDWR: the client sees a reset/EOF
                 return
-            if behaviour == "slow":
-                if self._stopping.wait(self.slow_seconds):
-                    record(None)
-                    handler.close_connection = True
-                    return
-                behaviour_status = 200
-            else:
-                behaviour_status = _STATUS[behaviour]
-            if behaviour_status == 200 and reason not in ("BlockReplaced", "PostDeleted"):
-                behaviour_status = 400
-            already = False
-            if behaviour_status == 200:
+            if behaviour == "slow" and self._stopping.wait(self.slow_seconds):
+                handler.close_connection = True
+                return
+            status = intended or 200
+            if status == 200:
                 with self._lock:
                     already = snapshot_id in self._detached
                     self._detached.add(snapshot_id)
-            record(behaviour_status)
             headers = {}
-            if behaviour_status == 429:
+            if status == 429:
                 headers["Retry-After"] = str(self.retry_after_seconds)
-            if behaviour_status == 401:
+            if status == 401:
                 headers["WWW-Authenticate"] = 'Basic realm="selections"'
             payload: dict[str, Any] = (
                 {"snapshot_id": snapshot_id, "status": "Detached", "already_detached": already}
-                if behaviour_status == 200
+                if status == 200
                 else {"error": behaviour}
             )
-            handler.send_json(behaviour_status, payload, headers)
+            handler.send_json(status, payload, headers)
 
 
 _STATUS = {
@@ -289,6 +284,12 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "pin-selections-dev/1"
     timeout = 60  # idle kept-alive connections are closed after this
     server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        service = self.server.service
+        with service._lock:
+            service.connections_opened += 1
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # quiet: calls are recorded on the service

@@ -335,10 +335,13 @@ def run(
     now: Callable[[], datetime] = utc_now,
     rng: random.Random | None = None,
     monotonic: Callable[[], float] = time.monotonic,
+    lock_name: str = LOCK_NAME,
 ) -> DetachResult:
     """One run of the job (see the module docstring). ``config`` is ``CONFIG.resolve(...)``.
 
     ``client`` may be None for a dry run (which calls nothing and writes nothing).
+    ``lock_name`` exists for tests that defeat the single-runner lock on purpose (to show the
+    row-level ``SKIP LOCKED`` defence on its own); production always uses :data:`LOCK_NAME`.
     """
     if client is None and not dry_run:
         raise ValueError("a detach client is required unless dry_run")
@@ -351,6 +354,7 @@ def run(
         now=now,
         rng=rng or random.Random(),
         monotonic=monotonic,
+        lock_name=lock_name,
     )
     return job(dry_run)
 
@@ -367,7 +371,9 @@ class _Run:
         now: Callable[[], datetime],
         rng: random.Random,
         monotonic: Callable[[], float],
+        lock_name: str,
     ) -> None:
+        self.lock_name = lock_name
         self.connect = connect
         self.cfg = config
         self.t = telemetry
@@ -395,11 +401,11 @@ class _Run:
         if dry_run:
             self._dry_run()
             return self._finish(started, success=True)
-        with advisory_lock(self.connect, LOCK_NAME, self.cfg["lock_ttl_seconds"]) as held:
+        with advisory_lock(self.connect, self.lock_name, self.cfg["lock_ttl_seconds"]) as held:
             if not held:
                 self.result.lock_acquired = False
                 self.t.metrics.incr(Metric.LOCK_CONTENTION)
-                self.log.info("job_skipped", reason="lock_busy", lock=LOCK_NAME)
+                self.log.info("job_skipped", reason="lock_busy", lock=self.lock_name)
                 return self._finish(started, success=True, gauges=False)
             cancelled = self._run_batches()
         self._finish(started, success=not cancelled and not self.result.auth_failed)

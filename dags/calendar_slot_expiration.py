@@ -1,0 +1,103 @@
+"""
+### calendar_slot_expiration: expire past Available slots (SlotExpirationJob, seed 002)
+
+**Purpose.** Availability slots whose start has passed and that nobody booked stop counting as
+free: `Available` slots with `start_at <= AsOf` become `Expired` (`updated_at = AsOf`,
+`version + 1`), oldest first, in batches of `batch_size` under `FOR UPDATE SKIP LOCKED`. Booked,
+Expired, Archived and future slots are never touched. Tier-3 hygiene: booking correctness does
+not depend on this job (booking guards reject past slots on their own).
+
+**Owner.** PIN Platform (backend), calendar context.
+
+**Schedule.** Every 5 minutes (`*/5 * * * *`, UTC). One run at a time (`max_active_runs=1`):
+the next tick waits for the running cycle. There is **no global lock**; a second runner (another
+deployment, a manual `airflow tasks test`) is safe because each batch locks its rows with
+`SKIP LOCKED`, so every slot is expired by exactly one runner.
+
+**Safe to rerun?** Yes, at any time. The selection takes only `Available` rows, so a committed
+batch is never selected again and a second pass is a no-op. A failed run has rolled back only
+the batch in hand; the next cycle picks the same rows up.
+
+**Params** (empty = the Variable `calendar_slot_expiration` JSON, else the default):
+`batch_size` (500, 1..10000), `max_run_duration_seconds` (30, > 0; no new batch starts after it,
+the rest waits for the next cycle), `dry_run` (count what would expire, change nothing).
+
+**Result** (task return value and the `cycle_completed` log line): `ExpiredCount`,
+`SkippedLockedCount` (due slots locked by an in-flight booking or another runner),
+`DurationMs`, plus `ErrorsCount`, `Backlog`, `Batches`, `StopReason`.
+
+**Metrics.** `calendar_slot_expiration_cycle_duration_seconds`, `_items_total`, `_backlog`
+(Available slots already started, after the cycle), `_skip_locked_total`, `_errors_total`,
+`_last_success_timestamp_seconds`.
+
+**Runbook.**
+- *Backlog grows / `_backlog` > 5000 for long*: check the task log's `cycle_completed` line.
+  `stop_reason=max_duration` every cycle means the job falls behind: raise
+  `max_run_duration_seconds` or `batch_size` in the Variable; check the `calendar_db` load and
+  that `ix_availability_slots_status_start` exists.
+- *Poison slot* (alert `slot_expiration_poison_row`, `event=item_failed slot_id=...` at ERROR):
+  one slot fails its update (a trigger, a constraint, a bad value such as `version` at the
+  integer limit). The rest of its batch is committed; the slot stays `Available` and is tried
+  again every cycle. Fix the row (or the trigger), or archive it by hand; then the next cycle
+  expires it. `errors_total` rising steadily means it is still failing.
+- *Task failed* (connection lost, statement or lock timeout): the batch in hand was rolled
+  back, nothing is half-updated; the next cycle retries. Repeated failures: check the database.
+- *No successful cycle for 30 min*: `_last_success_timestamp_seconds` stops moving; look for a
+  stuck or failing run in the UI.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from airflow.sdk import dag, task
+
+from include.pin_airflow.dag_support import (
+    DEFAULT_ARGS,
+    START_DATE,
+    config_params,
+    dry_run_param,
+)
+from include.pin_maintenance.jobs.slot_expiration import CONFIG, CONN_ID, JOB
+
+
+@dag(
+    dag_id=JOB,
+    schedule="*/5 * * * *",
+    start_date=START_DATE,
+    catchup=False,
+    # The seed: the next tick never starts while a cycle runs. Runners would stay correct
+    # side by side (SKIP LOCKED), but overlapping cycles only compete for the same rows.
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params={**config_params(CONFIG), "dry_run": dry_run_param()},
+    tags=["pin", "postgres-maintenance", "calendar"],
+    doc_md=__doc__,
+)
+def calendar_slot_expiration():
+    # A cycle is bounded by max_run_duration_seconds (default 30 s) plus one batch statement
+    # (statement_timeout 30 s); the timeout is only the backstop for a hung connection.
+    @task(execution_timeout=timedelta(minutes=10))
+    def expire_slots(**context) -> dict:
+        """Run one expiration cycle; return {ExpiredCount, SkippedLockedCount, DurationMs, ...}."""
+        from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
+        from include.pin_maintenance.jobs import slot_expiration
+        from include.pin_maintenance.runloop import StopSignal
+
+        params = context["params"]
+        config = resolve_config(CONFIG, params)  # ConfigError here: nothing was written
+        connect = postgres_connect(CONN_ID, slot_expiration.SESSION)
+        with StopSignal().on_sigterm() as stop:
+            result = slot_expiration.run(
+                connect,
+                config,
+                telemetry_for(JOB, context),
+                stop,
+                dry_run=bool(params.get("dry_run")),
+            )
+        return result.as_dict()
+
+    expire_slots()
+
+
+calendar_slot_expiration()

@@ -1,0 +1,69 @@
+"""Run the detach retry job once without Airflow (the demo, the benchmark, the crash test).
+
+``python -m include.pin_maintenance.jobs.snapshot_detach_cli --db-url postgresql://... \
+--selections-url http://127.0.0.1:8080 --login pin-maintenance --password-env SELECTIONS_PASSWORD \
+[--config '{"batch_size": 50}'] [--dry-run]``
+
+The password is read from an environment variable, never from the command line (which any
+local user can see in ``ps``). Prints the result as one JSON line; SIGTERM stops the run between
+rows (exit code 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import uuid
+
+import psycopg
+
+from include.pin_maintenance.db import SessionSettings, configured
+from include.pin_maintenance.jobs import snapshot_detach
+from include.pin_maintenance.jobs.snapshot_detach_client import (
+    HttpDetachClient,
+    basic_auth_session,
+)
+from include.pin_maintenance.runloop import JobCancelled, StopSignal
+from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="snapshot_detach_cli", description=__doc__)
+    parser.add_argument("--db-url", required=True)
+    parser.add_argument("--selections-url", required=True)
+    parser.add_argument("--login", default=None)
+    parser.add_argument("--password-env", default="SELECTIONS_PASSWORD")
+    parser.add_argument("--config", default=None, help="JSON object of config keys")
+    parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--run-id", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+
+    config = snapshot_detach.CONFIG.resolve(args.config, None)  # fails before any write
+    run_id = args.run_id or f"cli__{uuid.uuid4().hex[:12]}"
+    log = JobLog(snapshot_detach.JOB, run_id)
+    metrics = RecordingMetrics()
+    telemetry = Telemetry(log, metrics, LogOnlyAlerts(log))
+    connect = configured(
+        lambda: psycopg.connect(args.db_url), SessionSettings(application_name="detach-cli")
+    )
+    password = os.environ.get(args.password_env)
+    client = HttpDetachClient(args.selections_url, lambda: basic_auth_session(args.login, password))
+    stop = StopSignal()
+    try:
+        with client, stop.on_sigterm():
+            result = snapshot_detach.run(
+                connect, config, telemetry, stop, client, dry_run=args.dry_run
+            )
+    except JobCancelled:
+        print(json.dumps({"cancelled": True}), flush=True)
+        return 3
+    print(json.dumps(result.as_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""calendar_slot_expiration: DAG structure and real runs through ``airflow dags test``."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from devtools.pg import Database
+from include.pin_maintenance.jobs import slot_expiration as se
+from tests.integration.slot_expiration_fixtures import insert_slot, statuses, table_state
+
+pytestmark = pytest.mark.dags
+
+DAG_ID = "calendar_slot_expiration"
+DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / f"{DAG_ID}.py"
+
+
+@pytest.fixture(scope="module")
+def dag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAG_FILE))
+    assert bag.import_errors == {}
+    return bag.dags[DAG_ID]
+
+
+def test_structure(dag):
+    assert type(dag.timetable).__name__ == "CronTriggerTimetable"
+    assert dag.timetable.expression == "*/5 * * * *"
+    assert str(dag.timetable.timezone) == "UTC"
+    assert dag.max_active_runs == 1
+    assert dag.catchup is False
+    assert dag.tags == {"pin", "postgres-maintenance", "calendar"}
+    assert "Runbook" in dag.doc_md and "Safe to rerun" in dag.doc_md
+    assert set(dag.params.keys()) == {"batch_size", "max_run_duration_seconds", "dry_run"}
+    assert [t.task_id for t in dag.tasks] == ["expire_slots"]
+    assert dag.tasks[0].execution_timeout == timedelta(minutes=10)
+
+
+def _seed(db: Database) -> dict:
+    now = datetime.now(UTC)
+    with db.connect() as conn:
+        ids = {
+            "due": [insert_slot(conn, start_at=now - timedelta(hours=h)) for h in range(1, 6)],
+            "future": insert_slot(conn, start_at=now + timedelta(days=1)),
+            "booked": insert_slot(conn, status="Booked", start_at=now - timedelta(hours=2)),
+            "archived": insert_slot(conn, status="Archived", start_at=now - timedelta(days=3)),
+        }
+    return ids
+
+
+def _return_value(stdout: str) -> dict | None:
+    """The task's result as logged by the job (``cycle_completed``)."""
+    for line in stdout.splitlines():
+        if "event=cycle_completed" in line:
+            fields = dict(p.split("=", 1) for p in line.split() if "=" in p)
+            return {k: fields[k] for k in ("expired_count", "skipped_locked", "duration_ms")}
+    return None
+
+
+def test_run_expires_due_slots_and_exits_zero(db: Database, run_dag):
+    ids = _seed(db)
+    before = table_state(db)
+
+    done = run_dag(DAG_ID, db, conf={"batch_size": 2})
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    after = table_state(db)
+    assert all(after[i][:2] == ("Expired", 2) for i in ids["due"])
+    for key in ("future", "booked", "archived"):
+        assert after[ids[key]] == before[ids[key]]
+    output = done.stdout + done.stderr
+    summary = _return_value(output)
+    assert summary is not None, output[-3000:]
+    assert summary["expired_count"] == "5"
+    assert summary["skipped_locked"] == "0"
+
+
+def test_dry_run_changes_nothing(db: Database, run_dag):
+    _seed(db)
+    before = table_state(db)
+
+    done = run_dag(DAG_ID, db, conf={"dry_run": True})
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "would_expire_count=5" in done.stdout + done.stderr
+    assert table_state(db) == before
+
+
+def test_invalid_variable_fails_the_run_naming_the_key_before_any_write(db: Database, run_dag):
+    _seed(db)
+
+    done = run_dag(DAG_ID, db, variables={DAG_ID: json.dumps({"batch_size": 0})})
+
+    assert done.returncode != 0
+    assert "batch_size = 0" in done.stdout + done.stderr
+    assert statuses(db) == {"Available": 6, "Booked": 1, "Archived": 1}
+
+
+def test_invalid_param_fails_the_run_naming_the_key(db: Database, run_dag):
+    _seed(db)
+
+    done = run_dag(DAG_ID, db, conf={"max_run_duration_seconds": 0})
+
+    assert done.returncode != 0
+    assert "max_run_duration_seconds" in done.stdout + done.stderr
+    assert statuses(db) == {"Available": 6, "Booked": 1, "Archived": 1}
+
+
+def test_job_config_and_dag_params_agree():
+    assert se.CONFIG.job == DAG_ID

@@ -1,0 +1,599 @@
+"""ActivityRetentionJob against a real Postgres: the seed's test table and the failure modes.
+
+Each test asserts the database state it promises. Data comes from
+``devtools.retention_data.seed_sessions`` (eligible sessions first, oldest = number 1) or from
+:func:`add_session` when a test needs exact timestamps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from devtools.retention_data import seed_sessions, session_id
+from include.pin_maintenance.db import advisory_lock, configured
+from include.pin_maintenance.jobs import activity_retention as job
+from include.pin_maintenance.runloop import JobCancelled, StopSignal
+from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TABLES = ("sessions", "property_object_views", "action_events", "property_object_view_stats")
+
+
+# ---------------------------------------------------------------------------------- helpers
+
+
+def connect_to(db):
+    return configured(lambda: psycopg.connect(db.url), job.SESSION_SETTINGS)
+
+
+def telemetry(run_id: str = "test", metrics: RecordingMetrics | None = None) -> Telemetry:
+    log = JobLog(job.JOB, run_id)
+    return Telemetry(log=log, metrics=metrics or RecordingMetrics(), alerts=LogOnlyAlerts(log))
+
+
+def config(**overrides):
+    return job.CONFIG.resolve(None, overrides)
+
+
+def counts(db) -> dict[str, int]:
+    with db.connect() as conn:
+        return {
+            t: conn.execute(f"select count(*) from user_activity.{t}").fetchone()[0]
+            for t in TABLES
+        }
+
+
+def snapshot(db, table: str) -> list[tuple]:
+    with db.connect() as conn:
+        return conn.execute(f"select * from user_activity.{table} order by 1").fetchall()
+
+
+def existing(db, table: str, column: str, ids) -> set:
+    with db.connect() as conn:
+        rows = conn.execute(
+            f"select distinct {column} from user_activity.{table} where {column} = any(%s)",
+            (list(ids),),
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def eligible_left(db, cutoff=None) -> dict[str, int]:
+    """Eligible sessions and the child rows that still hang on eligible sessions."""
+    with db.connect() as conn:
+        cut = cutoff or conn.execute("select now() - interval '365 days'").fetchone()[0]
+        q = (
+            "select count(*) from user_activity.{t} c join user_activity.sessions s"
+            " on s.id = c.session_id where s.status = 'Inactive' and s.ended_at < %(c)s"
+        )
+        return {
+            "sessions": conn.execute(
+                "select count(*) from user_activity.sessions"
+                " where status = 'Inactive' and ended_at < %(c)s",
+                {"c": cut},
+            ).fetchone()[0],
+            "action_events": conn.execute(q.format(t="action_events"), {"c": cut}).fetchone()[0],
+            "property_object_views": conn.execute(
+                q.format(t="property_object_views"), {"c": cut}
+            ).fetchone()[0],
+        }
+
+
+def add_session(conn, *, ended_at, status: str = "Inactive", children: int = 1) -> uuid.UUID:
+    """One session with ``children`` views and events, linked both ways (circular SET NULL)."""
+    sid = uuid.uuid4()
+    conn.execute(
+        "insert into user_activity.sessions"
+        " (id, status, started_at, last_activity_at, ended_at, created_at)"
+        " values (%(id)s, %(st)s, now() - interval '800 days', now() - interval '800 days',"
+        " %(e)s, now() - interval '800 days')",
+        {"id": sid, "st": status, "e": ended_at},
+    )
+    for _ in range(children):
+        view, event = uuid.uuid4(), uuid.uuid4()
+        conn.execute(
+            "insert into user_activity.property_object_views"
+            " (id, session_id, property_object_id, started_at) values (%s, %s, %s, now())",
+            (view, sid, uuid.uuid4()),
+        )
+        conn.execute(
+            "insert into user_activity.action_events"
+            " (id, session_id, property_object_view_id, type, occurred_at)"
+            " values (%s, %s, %s, 'ApplyFilter', now())",
+            (event, sid, view),
+        )
+        conn.execute(
+            "update user_activity.property_object_views set apply_filter_event_id = %s"
+            " where id = %s",
+            (event, view),
+        )
+    return sid
+
+
+@pytest.fixture
+def seeded(db):
+    """30 eligible sessions (2 views + 2 events each), 10 young ones, stats rows."""
+    with db.connect() as conn:
+        data = seed_sessions(conn, 30, 10, 2, tag="t")
+        conn.commit()
+    return data
+
+
+def ids(first: int, last: int) -> list[uuid.UUID]:
+    return [session_id("t", i) for i in range(first, last + 1)]
+
+
+# ------------------------------------------------------------------------------ seed table
+
+
+def test_empty_run_is_a_successful_noop(db):
+    with db.connect() as conn:
+        seed_sessions(conn, 0, 6, 1, tag="young")
+        conn.commit()
+    before = counts(db)
+    metrics = RecordingMetrics()
+
+    result = job.run(connect_to(db), config(), telemetry(metrics=metrics), StopSignal())
+
+    assert result.as_dict() == {
+        "DeletedSessions": 0,
+        "DeletedPropertyObjectViews": 0,
+        "DeletedActionEvents": 0,
+        "BatchesProcessed": 0,
+        "HasMore": False,
+        "DryRun": False,
+    }
+    assert counts(db) == before
+    assert metrics.gauges["activity_retention_eligible_backlog"] == 0
+    assert "activity_retention_last_success_timestamp_seconds" in metrics.gauges
+    assert "activity_retention_run_duration_seconds" in metrics.timings
+
+
+def test_children_go_before_parents_without_restrict_errors(db, seeded):
+    conn_factory = connect_to(db)
+    tel = telemetry()
+    plan = job.prepare(conn_factory, config(batch_size=7), tel)
+    eligible = ids(1, 30)
+
+    # delete_sessions first would hit RESTRICT if it ignored children: it deletes nothing.
+    early = job.delete_step(conn_factory, plan, "sessions", tel, StopSignal())
+    assert early.rows == 0
+    assert existing(db, "sessions", "id", eligible) == set(eligible)
+
+    events = job.delete_step(conn_factory, plan, "action_events", tel, StopSignal())
+    assert events.rows == 60
+    assert existing(db, "action_events", "session_id", eligible) == set()
+    assert existing(db, "property_object_views", "session_id", eligible) == set(eligible)
+    assert existing(db, "sessions", "id", eligible) == set(eligible)
+
+    views = job.delete_step(conn_factory, plan, "property_object_views", tel, StopSignal())
+    assert views.rows == 60
+    assert existing(db, "property_object_views", "session_id", eligible) == set()
+    assert existing(db, "sessions", "id", eligible) == set(eligible)
+
+    sessions = job.delete_step(conn_factory, plan, "sessions", tel, StopSignal())
+    assert sessions.rows == 30
+    assert counts(db)["sessions"] == 10
+    assert counts(db)["action_events"] == counts(db)["property_object_views"] == 20
+
+
+def test_threshold_is_strict_and_active_sessions_stay(db):
+    conn_factory = connect_to(db)
+    tel = telemetry()
+    plan = job.prepare(conn_factory, config(), tel)
+    cutoff = plan.cutoff
+    with db.connect() as conn:
+        just_expired = add_session(conn, ended_at=cutoff - timedelta(seconds=1))
+        at_cutoff = add_session(conn, ended_at=cutoff)
+        just_young = add_session(conn, ended_at=cutoff + timedelta(seconds=1))
+        old_active = add_session(conn, ended_at=None, status="Active")
+        odd_active = add_session(conn, ended_at=cutoff - timedelta(days=30), status="Active")
+        unknown = add_session(conn, ended_at=cutoff - timedelta(days=30), status="Archived")
+        conn.commit()
+
+    steps = [job.delete_step(conn_factory, plan, t, tel, StopSignal()) for t in job.TABLES]
+    result = job.report(plan, steps, tel)
+
+    assert result.deleted_sessions == 1
+    assert result.deleted_action_events == result.deleted_property_object_views == 1
+    survivors = {at_cutoff, just_young, old_active, odd_active, unknown}
+    assert existing(db, "sessions", "id", survivors | {just_expired}) == survivors
+    assert existing(db, "action_events", "session_id", survivors) == survivors
+
+
+def test_property_object_view_stats_are_untouched(db, seeded):
+    stats_before = snapshot(db, "property_object_view_stats")
+    assert stats_before
+
+    job.run(connect_to(db), config(batch_size=8), telemetry(), StopSignal())
+
+    assert counts(db)["property_object_views"] == 20  # only the young sessions' views left
+    assert snapshot(db, "property_object_view_stats") == stats_before
+
+
+def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, seeded):
+    poison = session_id("t", 13)  # batch 3 of batch_size 5 (sessions 11..15)
+    with db.connect() as conn:
+        conn.execute(
+            """
+            create table public.poison (session_id uuid primary key);
+            create function public.refuse_poison() returns trigger language plpgsql as $$
+            begin
+              if exists (select 1 from public.poison p where p.session_id = old.session_id) then
+                raise exception 'injected failure for session %', old.session_id;
+              end if;
+              return old;
+            end $$;
+            create trigger refuse_poison before delete on user_activity.action_events
+              for each row execute function public.refuse_poison();
+            """
+        )
+        conn.execute("insert into public.poison values (%s)", (poison,))
+        conn.commit()
+    tel = telemetry()
+
+    with pytest.raises(job.BatchFailed, match="batch 2"):
+        job.run(connect_to(db), config(batch_size=5), tel, StopSignal())
+
+    # batches 1..2 (sessions 1..10) committed, batch 3 and later untouched
+    assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
+    assert existing(db, "sessions", "id", ids(1, 30)) == set(ids(1, 30))  # run stopped there
+    [alert] = tel.alerts.sent
+    assert alert.name == "retention_batch_failed"
+    assert alert.details["batch_ids"] == {
+        "first": str(session_id("t", 11)),
+        "last": str(session_id("t", 15)),
+        "count": 5,
+    }
+    assert "injected failure" in alert.details["error"]
+    assert tel.metrics.counters["activity_retention_batches_processed"] == 2
+
+    with db.connect() as conn:
+        conn.execute("delete from public.poison")
+        conn.commit()
+    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+
+    assert result.deleted_sessions == 30
+    assert result.deleted_action_events == 40  # 20 sessions' events were left
+    assert result.deleted_property_object_views == 60
+    assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
+    assert counts(db)["sessions"] == 10
+
+
+def test_max_batches_bounds_a_run_and_the_next_runs_resume(db, seeded):
+    bounded = config(batch_size=4, max_batches_per_run=3)
+
+    first = job.run(connect_to(db), bounded, telemetry(), StopSignal())
+
+    assert first.deleted_sessions == 12  # the 12 oldest
+    assert first.deleted_action_events == first.deleted_property_object_views == 24
+    assert first.batches_processed == 9  # 3 per delete step
+    assert first.has_more is True
+    assert existing(db, "sessions", "id", ids(1, 30)) == set(ids(13, 30))
+
+    second = job.run(connect_to(db), bounded, telemetry(), StopSignal())
+    third = job.run(connect_to(db), bounded, telemetry(), StopSignal())
+
+    assert (second.deleted_sessions, second.has_more) == (12, True)
+    assert (third.deleted_sessions, third.has_more) == (6, False)
+    assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
+    assert counts(db)["sessions"] == 10
+
+
+def test_circular_and_cross_session_references_are_cleared(db):
+    with db.connect() as conn:
+        cutoff = conn.execute("select now() - interval '365 days'").fetchone()[0]
+        old = add_session(conn, ended_at=cutoff - timedelta(days=3), children=3)
+        young = add_session(conn, ended_at=cutoff + timedelta(days=100), children=2)
+        # A young view pointing at an old session's event (the seed says it never happens;
+        # if it does, SET NULL keeps the young view and drops only the reference).
+        old_event = conn.execute(
+            "select id from user_activity.action_events where session_id = %s limit 1", (old,)
+        ).fetchone()[0]
+        young_view = conn.execute(
+            "select id from user_activity.property_object_views where session_id = %s limit 1",
+            (young,),
+        ).fetchone()[0]
+        conn.execute(
+            "update user_activity.property_object_views set apply_filter_event_id = %s"
+            " where id = %s",
+            (old_event, young_view),
+        )
+        conn.commit()
+
+    result = job.run(connect_to(db), config(), telemetry(), StopSignal())
+
+    assert (result.deleted_sessions, result.deleted_action_events) == (1, 3)
+    assert result.deleted_property_object_views == 3
+    assert existing(db, "sessions", "id", [old, young]) == {young}
+    with db.connect() as conn:
+        row = conn.execute(
+            "select apply_filter_event_id from user_activity.property_object_views"
+            " where id = %s",
+            (young_view,),
+        ).fetchone()
+        assert row == (None,)
+        young_refs = conn.execute(
+            "select count(*) from user_activity.action_events"
+            " where session_id = %s and property_object_view_id is not null",
+            (young,),
+        ).fetchone()[0]
+        assert young_refs == 2
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def test_busy_lock_is_a_noop_success_with_contention_metric(db, seeded):
+    before = counts(db)
+    metrics = RecordingMetrics()
+    with advisory_lock(connect_to(db), job.LOCK_NAME, 60) as held:
+        assert held
+        result = job.run(connect_to(db), config(), telemetry(metrics=metrics), StopSignal())
+        plan = job.prepare(connect_to(db), config(), telemetry())
+        step = job.delete_step(connect_to(db), plan, "action_events", telemetry(), StopSignal())
+
+    assert result.deleted_sessions == 0
+    assert result.has_more is True
+    assert step.lock_skipped and step.has_more and step.rows == 0
+    assert metrics.counters["activity_retention_lock_contention_total"] == 1
+    assert "activity_retention_last_success_timestamp_seconds" in metrics.gauges
+    assert counts(db) == before
+
+
+def test_two_runs_at_once_delete_every_row_exactly_once(db, seeded):
+    barrier = threading.Barrier(2)
+    results: list = []
+    errors: list = []
+
+    def one_run(name: str) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results.append(
+                job.run(connect_to(db), config(batch_size=3), telemetry(name), StopSignal())
+            )
+        except Exception as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one_run, args=(f"run{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert errors == []
+    assert sum(r.deleted_sessions for r in results) == 30
+    assert sum(r.deleted_action_events for r in results) == 60
+    assert sum(r.deleted_property_object_views for r in results) == 60
+    assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
+    assert counts(db)["sessions"] == 10
+
+
+@pytest.mark.parametrize("table", job.TABLES)
+def test_skip_locked_keeps_two_lockless_steps_apart(db, seeded, table):
+    """Even without the advisory lock (seed: "even without lock ... never twice")."""
+    conn_factory = connect_to(db)
+    plan = job.prepare(conn_factory, config(batch_size=1), telemetry())
+    if table == "sessions":  # make every session deletable at this step
+        for t in ("action_events", "property_object_views"):
+            job.delete_step(conn_factory, plan, t, telemetry(), StopSignal())
+    expected = {"action_events": 60, "property_object_views": 60, "sessions": 30}[table]
+    barrier = threading.Barrier(2)
+    results: list = []
+    errors: list = []
+
+    def step() -> None:
+        try:
+            barrier.wait(timeout=10)
+            results.append(
+                job.delete_step(conn_factory, plan, table, telemetry(), StopSignal(), lock_name=None)
+            )
+        except Exception as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=step) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    assert errors == []
+    assert sum(r.rows for r in results) == expected
+    assert eligible_left(db)[table] == 0
+
+
+# ---------------------------------------------------------------------- stop and crashes
+
+
+class StopAfterBatches(RecordingMetrics):
+    """Asks the run to stop once ``n`` batches have committed (as SIGTERM would)."""
+
+    def __init__(self, stop: StopSignal, n: int) -> None:
+        super().__init__()
+        self.stop, self.n = stop, n
+
+    def incr(self, name: str, count: int = 1) -> None:
+        super().incr(name, count)
+        if name == "activity_retention_batches_processed" and self.counters[name] >= self.n:
+            self.stop.set("test stop")
+
+
+def test_cancellation_between_batches_keeps_committed_batches(db, seeded):
+    stop = StopSignal()
+    metrics = StopAfterBatches(stop, 2)
+
+    with pytest.raises(JobCancelled, match="after 2 committed"):
+        job.run(connect_to(db), config(batch_size=5), telemetry(metrics=metrics), stop)
+
+    assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
+    assert counts(db)["sessions"] == 40
+    assert metrics.counters["activity_retention_deleted_action_events"] == 20
+    # and a later run finishes the work
+    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+    assert result.deleted_sessions == 30
+    assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
+
+
+def _backends(db, *, waiting: bool = False) -> int:
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        return conn.execute(
+            "select count(*) from pg_stat_activity where datname = current_database()"
+            " and application_name = %s and (not %s or wait_event_type = 'Lock')",
+            (job.SESSION_SETTINGS.application_name, waiting),
+        ).fetchone()[0]
+
+
+def _wait_for(predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path):
+    blocked = session_id("t", 13)  # in batch 3 of batch_size 5
+    holder = db.connect()
+    holder.execute(
+        "select id from user_activity.action_events where session_id = %s for update", (blocked,)
+    )
+    job_log = (tmp_path / "job.log").open("w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "include.pin_maintenance.jobs.activity_retention",
+            "--db-url",
+            db.url,
+            "--config",
+            json.dumps({"batch_size": 5}),
+            "--lock-timeout-ms",
+            "120000",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=job_log,
+    )
+    try:
+        _wait_for(lambda: _backends(db, waiting=True) == 1, "the job to block inside batch 3")
+        # batches 1 and 2 are committed; batch 3 is half-way through its delete
+        assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        holder.rollback()
+        holder.close()
+        job_log.close()
+    assert proc.returncode == -signal.SIGKILL
+    _wait_for(lambda: _backends(db) == 0, "the killed job's backends to end")
+
+    # the killed batch rolled back as a whole
+    assert existing(db, "action_events", "session_id", ids(11, 15)) == set(ids(11, 15))
+    assert counts(db)["sessions"] == 40
+
+    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+
+    assert result.deleted_sessions == 30
+    assert result.deleted_action_events == 40
+    assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
+    after = counts(db)
+    assert (after["sessions"], after["action_events"], after["property_object_views"]) == (
+        10,
+        20,
+        20,
+    )
+
+
+# ----------------------------------------------------------------------- config, dry run
+
+
+@pytest.mark.parametrize(
+    ("variable", "key"),
+    [
+        ({"retention_period_days": 0}, "retention_period_days"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 50_001}, "batch_size"),
+        ({"max_batches_per_run": 0}, "max_batches_per_run"),
+        ({"max_run_duration_seconds": 0}, "max_run_duration_seconds"),
+        ({"batch_size": "5000"}, "batch_size"),
+        ({"retention_days": 30}, "retention_days"),
+    ],
+)
+def test_cli_with_invalid_config_fails_before_any_delete(db, seeded, variable, key):
+    before = counts(db)
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "include.pin_maintenance.jobs.activity_retention",
+            "--db-url",
+            db.url,
+            "--config",
+            json.dumps(variable),
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert done.returncode != 0
+    assert "ConfigError" in done.stderr
+    assert key in done.stderr
+    assert counts(db) == before
+
+
+def test_dry_run_counts_and_changes_nothing(db, seeded):
+    before = {t: snapshot(db, t) for t in TABLES}
+    metrics = RecordingMetrics()
+
+    result = job.run(
+        connect_to(db), config(batch_size=7), telemetry(metrics=metrics), StopSignal(), dry_run=True
+    )
+
+    assert result.as_dict() == {
+        "DeletedSessions": 30,
+        "DeletedPropertyObjectViews": 60,
+        "DeletedActionEvents": 60,
+        "BatchesProcessed": 15,
+        "HasMore": False,
+        "DryRun": True,
+    }
+    assert {t: snapshot(db, t) for t in TABLES} == before
+    assert not any(name.startswith("activity_retention_deleted") for name in metrics.counters)
+
+
+def test_dry_run_respects_the_batch_bound(db, seeded):
+    result = job.run(
+        connect_to(db),
+        config(batch_size=4, max_batches_per_run=2),
+        telemetry(),
+        StopSignal(),
+        dry_run=True,
+    )
+    assert (result.deleted_sessions, result.deleted_action_events, result.has_more) == (
+        8,
+        16,
+        True,
+    )
+    assert counts(db)["sessions"] == 40

@@ -1,0 +1,178 @@
+"""Pure rules of the detach retry job: outcome classification, Retry-After, config, requeue."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.jobs.snapshot_detach import (
+    CONFIG,
+    LAST_ERROR_MAX,
+    CallOutcome,
+    Verdict,
+    classify,
+    clean_error,
+)
+from include.pin_maintenance.jobs.snapshot_detach_client import parse_retry_after
+from include.pin_maintenance.jobs.snapshot_requeue import RequeueRequestError, parse_choice
+
+MAX = 12
+
+
+@pytest.mark.parametrize(
+    ("outcome", "attempts", "verdict", "error"),
+    [
+        (CallOutcome(200), 1, Verdict.DONE, None),
+        (CallOutcome(204), 12, Verdict.DONE, None),
+        (CallOutcome(500), 1, Verdict.RETRY, "HttpServerError 500"),
+        (CallOutcome(502), 11, Verdict.RETRY, "HttpServerError 502"),
+        (
+            CallOutcome(503, retry_after_seconds=30),
+            2,
+            Verdict.RETRY,
+            "HttpServerError 503 retry_after=30s",
+        ),
+        (CallOutcome(error_class="Timeout"), 3, Verdict.RETRY, "Timeout"),
+        (CallOutcome(error_class="ConnectionError"), 3, Verdict.RETRY, "ConnectionError"),
+        (
+            CallOutcome(429, retry_after_seconds=120),
+            1,
+            Verdict.RETRY,
+            "HttpTooManyRequests 429 retry_after=120s",
+        ),
+        (CallOutcome(429), 1, Verdict.RETRY, "HttpTooManyRequests 429"),
+        (CallOutcome(408), 1, Verdict.RETRY, "HttpRequestTimeout 408"),
+        (CallOutcome(302), 1, Verdict.RETRY, "HttpUnexpectedStatus 302"),
+        (CallOutcome(500), 12, Verdict.QUARANTINE, "HttpServerError 500; max_attempts 12 reached"),
+        (
+            CallOutcome(error_class="Timeout"),
+            13,
+            Verdict.QUARANTINE,
+            "Timeout; max_attempts 12 reached",
+        ),
+        (
+            CallOutcome(429),
+            12,
+            Verdict.QUARANTINE,
+            "HttpTooManyRequests 429; max_attempts 12 reached",
+        ),
+        (CallOutcome(404), 1, Verdict.QUARANTINE, "HttpNotFound 404"),
+        (CallOutcome(410), 1, Verdict.QUARANTINE, "HttpGone 410"),
+        (CallOutcome(400), 1, Verdict.QUARANTINE, "HttpClientError 400"),
+        (CallOutcome(422), 1, Verdict.QUARANTINE, "HttpClientError 422"),
+        (CallOutcome(401), 1, Verdict.AUTH_FAILED, "HttpUnauthorized 401"),
+        (CallOutcome(403), 12, Verdict.AUTH_FAILED, "HttpForbidden 403"),
+        (None, 5, Verdict.NOT_CALLED, None),
+    ],
+)
+def test_classify(outcome, attempts, verdict, error):
+    decision = classify(outcome, attempts, MAX)
+    assert decision.verdict is verdict
+    assert decision.error == error
+
+
+def test_retry_after_is_carried_for_429_and_503_only():
+    assert classify(CallOutcome(429, retry_after_seconds=90), 1, MAX).retry_after_seconds == 90
+    assert classify(CallOutcome(503, retry_after_seconds=90), 1, MAX).retry_after_seconds == 90
+    assert classify(CallOutcome(500, retry_after_seconds=90), 1, MAX).retry_after_seconds is None
+
+
+def test_clean_error_bounds_length_and_alphabet():
+    assert len(clean_error("x" * 2000)) == LAST_ERROR_MAX
+    assert clean_error('Err "user:pw@host"') == "Err ?user:pw?host?"
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("120", 120.0),
+        (" 7 ", 7.0),
+        ("-5", 0.0),
+        ("nonsense", None),
+        ("999999999", 86400.0),  # bounded to a day
+    ],
+)
+def test_parse_retry_after_seconds(header, expected):
+    assert parse_retry_after(header) == expected
+
+
+def test_parse_retry_after_http_date():
+    now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    later = (now + timedelta(minutes=5)).strftime("%a, %d %b %Y %H:%M:%S GMT")
+    assert parse_retry_after(later, now) == pytest.approx(300)
+
+
+def test_config_defaults_match_design():
+    assert CONFIG.resolve(None, None) == {
+        "batch_size": 100,
+        "max_run_duration_seconds": 240,
+        "max_attempts": 12,
+        "backoff_base_seconds": 60,
+        "backoff_factor": 2.0,
+        "backoff_cap_seconds": 1800,
+        "detach_call_timeout_seconds": 5,
+        "lock_ttl_seconds": 360,
+        "detach_concurrency": 8,
+    }
+
+
+@pytest.mark.parametrize(
+    ("params", "key"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 10_001}, "batch_size"),
+        ({"max_run_duration_seconds": 0}, "max_run_duration_seconds"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"backoff_base_seconds": 0}, "backoff_base_seconds"),
+        ({"backoff_factor": 0.5}, "backoff_factor"),
+        ({"backoff_cap_seconds": 30}, "backoff_cap_seconds"),  # < base 60
+        ({"detach_call_timeout_seconds": 0}, "detach_call_timeout_seconds"),
+        ({"lock_ttl_seconds": 240}, "lock_ttl_seconds"),  # not > max run duration
+        ({"detach_concurrency": 0}, "detach_concurrency"),
+        ({"detach_concurrency": 65}, "detach_concurrency"),
+    ],
+)
+def test_invalid_config_names_the_key(params, key):
+    with pytest.raises(ConfigError, match=key):
+        CONFIG.resolve(None, params)
+
+
+SID = "0b5c1d2e-3f40-4a5b-8c6d-7e8f90a1b2c3"
+
+
+def test_requeue_choice_by_ids_normalizes_and_dedupes():
+    choice = parse_choice([SID.upper(), SID], None)
+    assert choice.snapshot_ids == (SID,)
+    assert not choice.all_quarantined
+
+
+def test_requeue_choice_accepts_a_pasted_string():
+    other = "1b5c1d2e-3f40-4a5b-8c6d-7e8f90a1b2c3"
+    assert parse_choice(f"{SID}, {other}\n", False).snapshot_ids == (SID, other)
+
+
+def test_requeue_choice_all():
+    assert parse_choice(None, True).all_quarantined
+    assert parse_choice([], True).all_quarantined
+
+
+@pytest.mark.parametrize(
+    ("ids", "all_q", "message"),
+    [
+        (None, False, "nothing chosen"),
+        ([], None, "nothing chosen"),
+        ("", False, "nothing chosen"),
+        ([SID], True, "not both"),
+        ([SID, "not-a-uuid"], False, "'not-a-uuid' is not a valid uuid"),
+        ([123], False, "123 is not a valid uuid"),
+        ({"a": 1}, False, "not valid"),
+        (None, "yes", "all_quarantined"),
+    ],
+)
+def test_requeue_choice_refusals(ids, all_q, message):
+    with pytest.raises(RequeueRequestError, match=message):
+        parse_choice(ids, all_q)
