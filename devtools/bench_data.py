@@ -160,49 +160,42 @@ def slots_state(url: str) -> dict[str, int]:
 
 
 # ---------------------------------------------------------------------------------------------
-# news (snapshot detach outbox)
+# news (snapshot detach outbox): the detach job's own generator (devtools.outbox_data)
 
 OUTBOX_TABLES = ("news.snapshot_detach_outbox",)
 
-# Rows 1..due: Pending and due now (0..3 earlier attempts). Then history: Done rows (5x due),
-# a few Quarantined, and Pending rows backing off into the future (not due).
-_INSERT_OUTBOX = """
-insert into news.snapshot_detach_outbox
-  (id, snapshot_id, post_id, reason, attempts, next_attempt_at, status, last_error,
-   created_at, updated_at)
-select md5('outbox' || g)::uuid,
-       md5('snapshot' || g)::uuid,
-       md5('post' || (g / 3))::uuid,
-       case when g %% 4 = 0 then 'PostDeleted' else 'BlockReplaced' end,
-       t.attempts, t.next_attempt_at, t.status,
-       case when t.attempts > 0 and t.status <> 'Done' then 'http_status:503' end,
-       now() - interval '1 hour' - (g %% 600) * interval '1 second',
-       now() - interval '1 minute'
-from generate_series(1, %(due)s + %(history)s) g
-cross join lateral (
-  select case when g <= %(due)s then g %% 4
-              when g %% 50 = 0 then 12
-              else 1 end as attempts,
-         case when g <= %(due)s then now() - interval '1 minute' - (g %% 300) * interval '1 second'
-              when g %% 10 = 1 then now() + interval '2 hours'
-              else now() - interval '1 hour' end as next_attempt_at,
-         case when g <= %(due)s then 'Pending'
-              when g %% 50 = 0 then 'Quarantined'
-              when g %% 10 = 1 then 'Pending'
-              else 'Done' end as status
-) t
-"""
+
+def load_outbox(url: str, due: int) -> None:
+    """``due`` Pending rows due now, beside history: 5x Done, 0.5x Pending backing off into
+    the future (not due), 0.1x Quarantined."""
+    from devtools.outbox_data import generate_outbox
+
+    def load(conn: psycopg.Connection) -> None:
+        generate_outbox(conn, due)
+        generate_outbox(conn, 5 * due, status="Done", attempts=1, age=timedelta(days=3))
+        generate_outbox(
+            conn,
+            due // 2,
+            attempts=3,
+            due_in=FUTURE_OFFSET,
+            last_error="HttpServerError 503",
+        )
+        generate_outbox(
+            conn,
+            due // 10,
+            status="Quarantined",
+            attempts=12,
+            last_error="HttpNotFound 404",
+        )
+
+    bulk_load(url, OUTBOX_TABLES, load)
+
 
 OUTBOX_BY_STATUS = "select status, count(*) from news.snapshot_detach_outbox group by status"
 OUTBOX_DUE = """
 select count(*) from news.snapshot_detach_outbox
 where status = 'Pending' and next_attempt_at <= now()
 """
-
-
-def load_outbox(url: str, due: int, history: int | None = None) -> None:
-    params = {"due": due, "history": 5 * due if history is None else history}
-    bulk_load(url, OUTBOX_TABLES, lambda conn: conn.execute(_INSERT_OUTBOX, params))
 
 
 def outbox_state(url: str) -> dict[str, int]:
