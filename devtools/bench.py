@@ -1336,14 +1336,38 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run these sections only")
     parser.add_argument("--runs", type=int, help="timed runs per measurement")
     parser.add_argument("--out", type=Path, help="report path (a directory gets benchmarks.md)")
+    sizes = parser.add_argument_group("sizes (override the plan's)")
+    sizes.add_argument("--retention", type=int, nargs="+", metavar="ELIGIBLE")
+    sizes.add_argument("--slots", nargs="+", metavar="ROWS:DUE")
+    sizes.add_argument("--empty-slots", type=int, nargs="+", metavar="ROWS")
+    sizes.add_argument("--detach-rows", type=int)
+    sizes.add_argument("--detach-seq-rows", type=int)
     return parser.parse_args(argv)
+
+
+def plan_for(args: argparse.Namespace) -> Plan:
+    plan = SMOKE if args.smoke else FULL if args.full else DEFAULT
+    changes: dict[str, object] = {}
+    if args.retention:
+        changes["retention"] = tuple(args.retention)
+    if args.slots:
+        changes["slots"] = tuple(tuple(int(x) for x in pair.split(":")) for pair in args.slots)
+    if args.empty_slots:
+        changes["empty_slots"] = tuple(args.empty_slots)
+    if args.detach_rows:
+        changes["detach_rows"] = args.detach_rows
+    if args.detach_seq_rows:
+        changes["detach_seq_rows"] = args.detach_seq_rows
+    if changes:
+        plan = dataclasses.replace(plan, name=f"{plan.name} (custom sizes)", **changes)
+    return plan
 
 
 def main(argv: Sequence[str]) -> int:
     if argv[:1] == ["_job"]:
         return job_child_main(argv[1])
     args = parse_args(argv)
-    plan = SMOKE if args.smoke else FULL if args.full else DEFAULT
+    plan = plan_for(args)
     out = args.out or (SMOKE_OUT if args.smoke else DEFAULT_OUT)
     if out.is_dir():
         out = out / "benchmarks.md"
