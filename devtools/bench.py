@@ -161,6 +161,7 @@ class Proc:
     returncode: int
     wall: float
     maxrss_kb: int
+    cpu: float  # user + system seconds of the process (and the children it waited for)
     stdout: str
     stderr: str
 
@@ -190,6 +191,7 @@ def measure_process(
             returncode=proc.returncode,
             wall=wall,
             maxrss_kb=usage.ru_maxrss,
+            cpu=usage.ru_utime + usage.ru_stime,
             stdout=out.read().decode("utf-8", "replace"),
             stderr=err.read().decode("utf-8", "replace"),
         )
@@ -611,7 +613,7 @@ class Bench:
                 "max_batches_per_run": 50_000,
                 "max_run_duration_seconds": 7200,
             }
-            job, limit, rss, batches = Series(), Series(), [], set()
+            job, limit, rss, cpu, batches = Series(), Series(), [], Series(), set()
             # a 1M-session run takes minutes per clone and per measurement: once is enough to
             # show the trend (time per row, peak RSS) against the smaller scales
             runs = self.runs if eligible < BIG_RETENTION else 1
@@ -623,6 +625,7 @@ class Bench:
                             run = self.run_job("retention", db, config)
                             job.add(run.seconds)
                             rss.append(run.proc.maxrss_kb)
+                            cpu.add(run.proc.cpu)
                             batches.add(str(run.result.get("BatchesProcessed", "?")))
                             self.check_retention(db, before, ds, run.result)
                         else:
@@ -643,6 +646,7 @@ class Bench:
                     _rate(deleted, limit.median),
                     f"{1e6 * job.median / deleted:.1f} µs" if deleted else "n/a",
                     _mb(max(rss)),
+                    _secs(cpu.median),
                     ", ".join(sorted(batches)),
                     _verdict(ratio >= 0.9),
                 ]
@@ -669,6 +673,7 @@ class Bench:
                     "limit rows/s",
                     "job time per row",
                     "job peak RSS",
+                    "job CPU",
                     "batches",
                     "goal >= 0.9x",
                 ],
@@ -705,7 +710,7 @@ class Bench:
         rows = []
         for total, due in self.plan.slots:
             template = self.slots_template(total, due)
-            job, limit, rss = Series(), Series(), []
+            job, limit, rss, cpu = Series(), Series(), [], Series()
             for i in range(self.runs):
                 for what in self.alternate(i):
                     db = self.clone(template, "slots")
@@ -714,6 +719,7 @@ class Bench:
                             run = self.run_job("slots", db, config)
                             job.add(run.seconds)
                             rss.append(run.proc.maxrss_kb)
+                            cpu.add(run.proc.cpu)
                             if run.result.get("ExpiredCount") != due:
                                 raise BenchError(f"slots job result {run.result}, due {due}")
                         else:
@@ -735,6 +741,7 @@ class Bench:
                     _rate(due, job.median),
                     _rate(due, limit.median),
                     _mb(max(rss)),
+                    _secs(cpu.median),
                     _verdict(ratio >= 0.9),
                 ]
             )
@@ -757,6 +764,7 @@ class Bench:
                     "job rows/s",
                     "limit rows/s",
                     "job peak RSS",
+                    "job CPU",
                     "goal >= 0.9x",
                 ],
                 rows,
@@ -823,7 +831,7 @@ class Bench:
                     raise BenchError(f"capacity client saw {errors} failed calls")
                 capacity.add(seconds)
             template = self.outbox_template(due)
-            job, rss = Series(), []
+            job, rss, cpu = Series(), [], Series()
             for _ in range(self.runs):
                 db = self.clone(template, "outbox")
                 try:
@@ -835,6 +843,7 @@ class Bench:
                         raise BenchError(f"detach left {state}, result {run.result}")
                     job.add(run.seconds)
                     rss.append(run.proc.maxrss_kb)
+                    cpu.add(run.proc.cpu)
                 finally:
                     self.drop(db)
             if not overrides:
@@ -851,6 +860,7 @@ class Bench:
                     _rate(due, job.median),
                     f"{1000 * conc / self.plan.latency_ms:,.0f}",
                     _mb(max(rss)),
+                    _secs(cpu.median),
                     "(reference)" if overrides else _verdict(ratio >= 0.8),
                 ]
             )
@@ -875,6 +885,7 @@ class Bench:
                     "job rows/s",
                     "ideal rows/s",
                     "job peak RSS",
+                    "job CPU",
                     "goal >= 0.8x",
                 ],
                 rows,
