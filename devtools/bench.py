@@ -261,6 +261,7 @@ def md_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 @dataclass
 class JobRun:
     seconds: float  # inside run(), imports and interpreter start excluded
+    cpu: float  # CPU seconds of the job process inside run() (all threads)
     proc: Proc
     result: dict
     counters: dict
@@ -305,6 +306,14 @@ def _as_dict(result: object) -> dict:
     return {"result": repr(result)}
 
 
+def _cpu_seconds() -> float:
+    """User + system CPU of this process so far, all threads."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def job_child_main(spec_json: str) -> int:
     """The child side: run one job function once and print its timing and result as JSON."""
     from include.pin_maintenance.db import configured
@@ -332,13 +341,16 @@ def job_child_main(spec_json: str) -> int:
     telemetry = Telemetry(job_log, metrics, alerts)
     args, close = _job_args(spec["job"], spec)
     try:
+        cpu_before = _cpu_seconds()
         started = time.perf_counter()
         result = module.run(connect, config, telemetry, StopSignal(), *args)
         seconds = time.perf_counter() - started
+        cpu = _cpu_seconds() - cpu_before
     finally:
         close()
     payload = {
         "seconds": seconds,
+        "cpu": cpu,
         "result": _as_dict(result),
         "counters": metrics.counters,
         "alerts": len(alerts.sent),
@@ -581,6 +593,7 @@ class Bench:
         payload = json.loads(line.removeprefix("BENCH_RESULT "))
         return JobRun(
             seconds=payload["seconds"],
+            cpu=payload["cpu"],
             proc=proc,
             result=payload["result"],
             counters=payload["counters"],
@@ -625,7 +638,7 @@ class Bench:
                             run = self.run_job("retention", db, config)
                             job.add(run.seconds)
                             rss.append(run.proc.maxrss_kb)
-                            cpu.add(run.proc.cpu)
+                            cpu.add(run.cpu)
                             batches.add(str(run.result.get("BatchesProcessed", "?")))
                             self.check_retention(db, before, ds, run.result)
                         else:
@@ -673,7 +686,7 @@ class Bench:
                     "limit rows/s",
                     "job time per row",
                     "job peak RSS",
-                    "job CPU",
+                    "job CPU in run()",
                     "batches",
                     "goal >= 0.9x",
                 ],
@@ -719,7 +732,7 @@ class Bench:
                             run = self.run_job("slots", db, config)
                             job.add(run.seconds)
                             rss.append(run.proc.maxrss_kb)
-                            cpu.add(run.proc.cpu)
+                            cpu.add(run.cpu)
                             if run.result.get("ExpiredCount") != due:
                                 raise BenchError(f"slots job result {run.result}, due {due}")
                         else:
@@ -764,7 +777,7 @@ class Bench:
                     "job rows/s",
                     "limit rows/s",
                     "job peak RSS",
-                    "job CPU",
+                    "job CPU in run()",
                     "goal >= 0.9x",
                 ],
                 rows,
@@ -843,7 +856,7 @@ class Bench:
                         raise BenchError(f"detach left {state}, result {run.result}")
                     job.add(run.seconds)
                     rss.append(run.proc.maxrss_kb)
-                    cpu.add(run.proc.cpu)
+                    cpu.add(run.cpu)
                 finally:
                     self.drop(db)
             if not overrides:
@@ -885,7 +898,7 @@ class Bench:
                     "job rows/s",
                     "ideal rows/s",
                     "job peak RSS",
-                    "job CPU",
+                    "job CPU in run()",
                     "goal >= 0.8x",
                 ],
                 rows,
