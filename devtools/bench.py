@@ -910,6 +910,9 @@ class Bench:
         if not files:
             raise BenchError("no DAG files in dags/")
         env = {**os.environ, "PYTHONPATH": str(REPO), **self.airflow_env_extra()}
+        reference = self.workdir / REFERENCE_DAG_NAME
+        reference.write_text(REFERENCE_DAG, encoding="utf-8")
+        files.append(reference)
         base, per_file = Series(), {p.name: Series() for p in files}
         for _ in range(self.plan.parse_runs):
             cmd = [sys.executable, "-c", PARSE_PROBE, *map(str, files)]
@@ -931,11 +934,21 @@ class Bench:
                 _verdict(series.median < 0.2),
             ]
             for name, series in per_file.items()
+            if name != REFERENCE_DAG_NAME
         ]
+        rows.append(
+            [
+                "(reference: a one-task DAG that imports nothing else)",
+                per_file[REFERENCE_DAG_NAME].fmt(),
+                "",
+                "",
+            ]
+        )
         out.append(
             "Per file: a fresh interpreter imports `airflow.sdk` (the baseline every DAG file "
             f"pays anyway: {base.fmt()}), then forks once per DAG file and times the file's "
-            "import in the child (its own imports included: job package, psycopg, ...). "
+            "import in the child (its own imports included: job package, psycopg, ...); the "
+            "reference row is what any DAG with a @task costs beyond airflow.sdk. "
             f"{self.plan.parse_runs} run(s). DagBag column: the duration "
             "`DagBag(dag_folder=dags/)` records for the file (one process, all files)."
         )
@@ -1181,6 +1194,23 @@ set status = 'Expired', updated_at = now(), version = version + 1
 where status = 'Available' and start_at <= now()
 """
 
+REFERENCE_DAG_NAME = "reference_one_task_dag.py"
+REFERENCE_DAG = """
+from airflow.sdk import dag, task
+import pendulum
+
+
+@dag(dag_id="bench_reference", schedule=None, start_date=pendulum.datetime(2026, 1, 1))
+def bench_reference():
+    @task
+    def noop():
+        return None
+
+    noop()
+
+
+bench_reference()
+"""
 PARSE_PROBE = """
 import importlib.util, json, os, sys, time
 started = time.perf_counter()
