@@ -41,7 +41,9 @@ the rest waits for the next cycle), `dry_run` (count what would expire, change n
   again every cycle. Fix the row (or the trigger), or archive it by hand; then the next cycle
   expires it. `errors_total` rising steadily means it is still failing.
 - *Task failed* (connection lost, statement or lock timeout): the batch in hand was rolled
-  back, nothing is half-updated; the next cycle retries. Repeated failures: check the database.
+  back, nothing is half-updated; the next cycle retries (it also counts in `_errors_total`).
+  Repeated failures: check the database. An invalid config fails at once, without a retry,
+  naming the key: fix the Variable or the trigger params.
 - *No successful cycle for 30 min*: `_last_success_timestamp_seconds` stops moving; look for a
   stuck or failing run in the UI.
 """
@@ -80,12 +82,18 @@ def calendar_slot_expiration():
     @task(execution_timeout=timedelta(minutes=10))
     def expire_slots(**context) -> dict:
         """Run one expiration cycle; return {ExpiredCount, SkippedLockedCount, DurationMs, ...}."""
+        from airflow.sdk.exceptions import AirflowFailException
+
         from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
+        from include.pin_maintenance.config import ConfigError
         from include.pin_maintenance.jobs import slot_expiration
         from include.pin_maintenance.runloop import StopSignal
 
         params = context["params"]
-        config = resolve_config(CONFIG, params)  # ConfigError here: nothing was written
+        try:
+            config = resolve_config(CONFIG, params)  # before any write
+        except ConfigError as exc:  # a retry cannot fix a bad value: fail now, no retry
+            raise AirflowFailException(f"ConfigError: {exc}") from exc
         connect = postgres_connect(CONN_ID, slot_expiration.SESSION)
         with StopSignal().on_sigterm() as stop:
             result = slot_expiration.run(

@@ -82,16 +82,21 @@ def news_snapshot_detach_retry():
     def detach_pending_snapshots() -> dict:
         """Claim due outbox rows, call selections detach, record each outcome (bounded run)."""
         from airflow.sdk import get_current_context
+        from airflow.sdk.exceptions import AirflowFailException
 
         from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
         from include.pin_airflow.selections import selections_detach_client
+        from include.pin_maintenance.config import ConfigError
         from include.pin_maintenance.db import SessionSettings
         from include.pin_maintenance.jobs import snapshot_detach
         from include.pin_maintenance.runloop import StopSignal
 
         context = get_current_context()
         params = context["params"]
-        config = resolve_config(CONFIG, params)  # fails here, before any call or write
+        try:  # fails here, before any call or write; a retry cannot fix a bad config
+            config = resolve_config(CONFIG, params)
+        except ConfigError as exc:
+            raise AirflowFailException(str(exc)) from exc
         dry_run = bool(params.get("dry_run"))
         telemetry = telemetry_for(CONFIG.job, context)
         connect = postgres_connect(NEWS_DB_CONN_ID, SessionSettings(application_name=CONFIG.job))

@@ -99,7 +99,7 @@ def session_id(tag: str, i: int) -> uuid.UUID:
     """The id ``seed_sessions`` gave session number ``i`` (1-based; eligible ones come first)."""
     import hashlib
 
-    return uuid.UUID(hashlib.md5(f"{tag}:s:{i}".encode()).hexdigest())  # noqa: S324 (ids only)
+    return uuid.UUID(hashlib.md5(f"{tag}:s:{i}".encode()).hexdigest())
 
 
 def seed_sessions(
@@ -140,3 +140,23 @@ def seed_sessions(
         property_object_views=n * children_per_session,
         action_events=n * children_per_session,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m devtools.retention_data --db-url URL --eligible N --young M --children K``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m devtools.retention_data")
+    parser.add_argument("--db-url", required=True)
+    parser.add_argument("--eligible", type=int, default=1000)
+    parser.add_argument("--young", type=int, default=200)
+    parser.add_argument("--children", type=int, default=3)
+    args = parser.parse_args(argv)
+    with psycopg.connect(args.db_url) as conn:
+        seeded = seed_sessions(conn, args.eligible, args.young, args.children)
+    print(seeded)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -52,31 +53,48 @@ def _seed(db: Database) -> dict:
     return ids
 
 
-def _return_value(stdout: str) -> dict | None:
-    """The task's result as logged by the job (``cycle_completed``)."""
-    for line in stdout.splitlines():
-        if "event=cycle_completed" in line:
-            fields = dict(p.split("=", 1) for p in line.split() if "=" in p)
-            return {k: fields[k] for k in ("expired_count", "skipped_locked", "duration_ms")}
+def _return_value(output: str) -> dict | None:
+    """The task's return value as ``airflow dags test`` logs it."""
+    marker = "Returned value was: "
+    for line in output.splitlines():
+        if marker in line:
+            text = line.split(marker, 1)[1]
+            return ast.literal_eval(text[: text.rindex("}") + 1])
     return None
 
 
-def test_run_expires_due_slots_and_exits_zero(db: Database, run_dag):
+def test_run_expires_due_slots_isolates_a_poison_row_and_exits_zero(db: Database, run_dag):
     ids = _seed(db)
+    with db.connect() as conn:  # version + 1 overflows: a poison row that must not fail the run
+        poison = insert_slot(
+            conn, start_at=datetime.now(UTC) - timedelta(hours=9), version=2**31 - 1
+        )
     before = table_state(db)
 
     done = run_dag(DAG_ID, db, conf={"batch_size": 2})
 
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:]
     after = table_state(db)
     assert all(after[i][:2] == ("Expired", 2) for i in ids["due"])
     for key in ("future", "booked", "archived"):
         assert after[ids[key]] == before[ids[key]]
-    output = done.stdout + done.stderr
-    summary = _return_value(output)
-    assert summary is not None, output[-3000:]
-    assert summary["expired_count"] == "5"
-    assert summary["skipped_locked"] == "0"
+    assert after[poison] == before[poison]
+    result = _return_value(output)
+    assert result is not None, output[-5000:]
+    assert result["ExpiredCount"] == 5
+    assert result["SkippedLockedCount"] == 0
+    assert result["ErrorsCount"] == 1
+    assert isinstance(result["DurationMs"], int)
+    alerts = [
+        json.JSONDecoder().raw_decode(line.split("PIN_ALERT ", 1)[1])[0]
+        for line in output.splitlines()
+        if "PIN_ALERT {" in line
+    ]
+    assert [(a["alert"], a["details"]["slot_id"]) for a in alerts] == [
+        ("slot_expiration_poison_row", str(poison))
+    ]
+    assert "event=item_failed" in output and f"slot_id={poison}" in output
 
 
 def test_dry_run_changes_nothing(db: Database, run_dag):
@@ -106,7 +124,7 @@ def test_invalid_param_fails_the_run_naming_the_key(db: Database, run_dag):
     done = run_dag(DAG_ID, db, conf={"max_run_duration_seconds": 0})
 
     assert done.returncode != 0
-    assert "max_run_duration_seconds" in done.stdout + done.stderr
+    assert "Invalid input for param max_run_duration_seconds" in done.stdout + done.stderr
     assert statuses(db) == {"Available": 6, "Booked": 1, "Archived": 1}
 
 

@@ -52,8 +52,7 @@ def config(**overrides):
 def counts(db) -> dict[str, int]:
     with db.connect() as conn:
         return {
-            t: conn.execute(f"select count(*) from user_activity.{t}").fetchone()[0]
-            for t in TABLES
+            t: conn.execute(f"select count(*) from user_activity.{t}").fetchone()[0] for t in TABLES
         }
 
 
@@ -293,6 +292,40 @@ def test_max_batches_bounds_a_run_and_the_next_runs_resume(db, seeded):
     assert counts(db)["sessions"] == 10
 
 
+def test_run_duration_bound_stops_between_batches_with_has_more(db, seeded):
+    # A budget that is used up at once: each delete step still runs its first batch (progress
+    # is guaranteed), then stops at the bound.
+    result = job.run(
+        connect_to(db),
+        config(batch_size=4, max_run_duration_seconds=0.001),
+        telemetry(),
+        StopSignal(),
+    )
+
+    assert result.has_more is True
+    assert (result.deleted_sessions, result.batches_processed) == (4, 3)
+    assert existing(db, "sessions", "id", ids(1, 30)) == set(ids(5, 30))
+    assert all(s.stop_reason == "max_duration" for s in result.steps)
+
+
+def test_sessions_step_keeps_sessions_whose_children_an_earlier_bounded_step_left(db, seeded):
+    conn_factory = connect_to(db)
+    tel = telemetry()
+    narrow = job.prepare(conn_factory, config(batch_size=4, max_batches_per_run=1), tel)
+    wide = job.RunPlan.from_xcom({**narrow.to_xcom(), "max_batches_per_run": 100})
+
+    job.delete_step(conn_factory, narrow, "action_events", tel, StopSignal())  # sessions 1..4
+    job.delete_step(conn_factory, wide, "property_object_views", tel, StopSignal())  # all 30
+    sessions = job.delete_step(conn_factory, wide, "sessions", tel, StopSignal())
+
+    assert sessions.rows == 4
+    assert existing(db, "sessions", "id", ids(1, 30)) == set(ids(5, 30))
+    assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(5, 30))
+    # the next full run finishes the rest
+    assert job.run(conn_factory, config(), tel, StopSignal()).deleted_sessions == 26
+    assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
+
+
 def test_circular_and_cross_session_references_are_cleared(db):
     with db.connect() as conn:
         cutoff = conn.execute("select now() - interval '365 days'").fetchone()[0]
@@ -321,8 +354,7 @@ def test_circular_and_cross_session_references_are_cleared(db):
     assert existing(db, "sessions", "id", [old, young]) == {young}
     with db.connect() as conn:
         row = conn.execute(
-            "select apply_filter_event_id from user_activity.property_object_views"
-            " where id = %s",
+            "select apply_filter_event_id from user_activity.property_object_views where id = %s",
             (young_view,),
         ).fetchone()
         assert row == (None,)
@@ -399,7 +431,9 @@ def test_skip_locked_keeps_two_lockless_steps_apart(db, seeded, table):
         try:
             barrier.wait(timeout=10)
             results.append(
-                job.delete_step(conn_factory, plan, table, telemetry(), StopSignal(), lock_name=None)
+                job.delete_step(
+                    conn_factory, plan, table, telemetry(), StopSignal(), lock_name=None
+                )
             )
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
@@ -519,6 +553,53 @@ def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path
         20,
         20,
     )
+
+
+def _start_cli(db, log_file, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "include.pin_maintenance.jobs.activity_retention",
+            "--db-url",
+            db.url,
+            *args,
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=log_file,
+    )
+
+
+def test_sigterm_finishes_the_batch_in_hand_and_stops(db, seeded, tmp_path):
+    blocked = session_id("t", 13)  # in batch 3 of batch_size 5
+    holder = db.connect()
+    holder.execute(
+        "select id from user_activity.action_events where session_id = %s for update", (blocked,)
+    )
+    log_path = tmp_path / "job.log"
+    with log_path.open("w") as log_file:
+        proc = _start_cli(
+            db, log_file, "--config", json.dumps({"batch_size": 5}), "--lock-timeout-ms", "120000"
+        )
+        try:
+            _wait_for(lambda: _backends(db, waiting=True) == 1, "the job to block in batch 3")
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)  # the signal lands while the batch waits; release the row lock
+            holder.rollback()
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+            holder.close()
+
+    assert proc.returncode == 3, log_path.read_text()
+    assert "SIGTERM received" in log_path.read_text()
+    # batch 3 was finished and committed, nothing after it was started
+    assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(16, 30))
+    assert counts(db)["sessions"] == 40
 
 
 # ----------------------------------------------------------------------- config, dry run

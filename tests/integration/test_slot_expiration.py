@@ -391,3 +391,23 @@ def test_invalid_config_fails_before_any_connection_naming_the_key(slots_db: Dat
         se.run(connect, {"max_run_duration_seconds": -1}, run.telemetry, run.stop)
     assert opened == []
     assert table_state(slots_db) == before
+
+
+def test_generated_mix_expires_exactly_the_past_available_slots(db: Database):
+    from devtools.slot_data import SlotMix, generate
+
+    mix = SlotMix(past_available=1200, future_available=300, booked_past=200, expired=100,
+                  archived=50)  # fmt: skip
+    with db.connect() as conn:
+        assert generate(conn, mix, now=NOW) == {
+            "past_available": 1200,
+            "future_available": 300,
+            "booked_past": 200,
+            "expired": 100,
+            "archived": 50,
+        }
+
+    result = run_job(db, {"batch_size": 500})
+
+    assert (result.expired_count, result.batches, result.backlog) == (1200, 3, 0)
+    assert statuses(db) == {"Expired": 1300, "Available": 300, "Booked": 200, "Archived": 50}

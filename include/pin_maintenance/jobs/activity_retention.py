@@ -7,9 +7,10 @@ or written (INV-LVS-002: the aggregate outlives the raw views).
 
 Shape (DESIGN section 7): one run is
 
-1. :func:`prepare`: validate nothing more (the config is already resolved), compute the cutoff
-   and the run deadline ONCE on the server clock, count the eligible backlog. Its
-   :class:`RunPlan` is a handful of scalars (an XCom in the DAG).
+1. :func:`prepare`: takes the config validated by ``CONFIG.resolve`` (which raises
+   ``ConfigError`` before any connection is opened), computes the cutoff and the run deadline
+   ONCE on the server clock and counts the eligible backlog. Its :class:`RunPlan` is a handful
+   of scalars (an XCom in the DAG).
 2. :func:`delete_step` three times, in FK order: ``action_events``, ``property_object_views``,
    ``sessions``. Each step walks the eligible sessions oldest first in batches of
    ``batch_size`` ids (keyset on ``(ended_at, id)``, ``FOR UPDATE SKIP LOCKED``), one
@@ -32,9 +33,17 @@ the sessions step sees exactly the sessions the child steps cleaned. A filter su
 key of a batch is carried to the next one, and the batch's ids live in memory only while that
 batch runs: memory stays flat whatever the backlog.
 
+Time budget: ``max_run_duration_seconds`` bounds the whole run. ``prepare`` fixes the deadline
+on the server clock and every step stops between batches once it has passed; each step still
+runs its first batch, so a run whose earlier tasks (or Airflow's scheduling) used up the budget
+still makes progress. ``max_batches_per_run`` bounds each step, so all three cover the same
+prefix of the eligible set.
+
 Why SKIP LOCKED and the advisory lock both: the lock ``job:scheduled:activity-retention`` keeps
 a second deployment, a manual ``airflow tasks test`` or an old worker out; the row locks make
-even two lock-less runs delete every row exactly once (seed, "Duplicate run").
+even two lock-less runs delete every row exactly once (seed, "Duplicate run"). In the DAG each
+delete task takes the lock for itself (tasks are separate processes); a runner slipping in
+between two tasks is harmless for the same reasons.
 
 Lock TTL: each delete step holds the lock on its own connection for as long as it runs, as a
 lease of ``max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS``. A step checks its budget
@@ -46,6 +55,7 @@ margin). A holder that hangs longer loses the lock to the server, so it cannot b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -59,7 +69,7 @@ from typing import Any
 import psycopg
 
 from include.pin_maintenance import sql
-from include.pin_maintenance.config import ConfigSpec, Setting
+from include.pin_maintenance.config import ConfigError, ConfigSpec, Setting
 from include.pin_maintenance.db import Connect, SessionSettings, advisory_lock, configured
 from include.pin_maintenance.runloop import (
     JobCancelled,
@@ -432,10 +442,9 @@ class _BatchWalker:
         return len(rows) >= self.plan.batch_size
 
     def _fail(self, index: int, ids: Sequence[uuid.UUID], exc: psycopg.Error) -> None:
-        try:
+        # If the connection is gone, the server has rolled the batch back already.
+        with contextlib.suppress(psycopg.Error):
             self.conn.rollback()
-        except psycopg.Error:
-            pass  # the connection is gone: the server rolled the batch back already
         batch_ids = {"first": str(ids[0]), "last": str(ids[-1]), "count": len(ids)} if ids else {}
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         self.telemetry.log.error(
@@ -474,7 +483,11 @@ def report(
     *,
     wall_clock: Callable[[], float] = time.time,
 ) -> RetentionResult:
-    """Sum the steps into the seed's result, log ``completed``, emit the run-level metrics."""
+    """Sum the steps into the seed's result, log ``completed``, emit the run-level metrics.
+
+    The run duration is measured on worker wall clocks (``prepare``'s start to now): in the DAG
+    the tasks may run on different workers, whose clock skew is small next to a run.
+    """
     by_table = {s.table: s for s in steps}
     result = RetentionResult(
         deleted_sessions=by_table.get("sessions", StepResult("sessions")).rows,
@@ -520,9 +533,7 @@ def run(
             telemetry.log.warning("lock_skip", lock=LOCK_NAME, table="all")
             steps = [StepResult(table=t, lock_skipped=True) for t in TABLES]
         else:
-            steps = [
-                delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES
-            ]
+            steps = [delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES]
     return report(plan, steps, telemetry)
 
 
@@ -543,7 +554,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
 
-    config = CONFIG.resolve(args.config or None, None)
+    try:
+        config = CONFIG.resolve(args.config or None, None)
+    except ConfigError as exc:
+        print(f"ConfigError: {exc}", file=sys.stderr)
+        return 2
     settings = SessionSettings(
         statement_timeout_ms=SESSION_SETTINGS.statement_timeout_ms,
         lock_timeout_ms=args.lock_timeout_ms,
@@ -553,8 +568,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = JobLog(JOB, args.run_id)
     telemetry = Telemetry(log=log, metrics=RecordingMetrics(), alerts=LogOnlyAlerts(log))
     stop = StopSignal()
-    with stop.on_sigterm():
-        result = run(connect, config, telemetry, stop, dry_run=args.dry_run)
+    try:
+        with stop.on_sigterm():
+            result = run(connect, config, telemetry, stop, dry_run=args.dry_run)
+    except JobCancelled as exc:
+        print(f"JobCancelled: {exc}", file=sys.stderr)
+        return 3
+    except BatchFailed as exc:
+        print(f"BatchFailed: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(result.as_dict()))
     return 0
 

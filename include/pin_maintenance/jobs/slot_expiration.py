@@ -271,6 +271,10 @@ def run(
     conn = connect()
     try:
         conn.autocommit = True  # every batch is an explicit transaction; reads take none
+        # A batch commit need not wait for the WAL flush: a commit lost in a server crash only
+        # leaves its slots Available, and the next cycle expires them (nothing downstream saw
+        # the transition; the seed publishes no events). Saves a WAL flush per batch.
+        conn.execute("select set_config('synchronous_commit', 'off', false)")
         if dry_run:
             return _dry_run(conn, cycle, telemetry, started=started, clock=clock, now=now)
 

@@ -1,0 +1,128 @@
+"""The detach retry and requeue DAGs: structure, and real runs with `airflow dags test`."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from devtools.selections_service import SelectionsService
+from tests.integration.snapshot_detach_fixtures import insert_entries, insert_entry, rows
+
+pytestmark = pytest.mark.dags
+
+RETRY = "news_snapshot_detach_retry"
+REQUEUE = "news_snapshot_detach_requeue"
+
+
+@pytest.fixture(scope="module")
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    from devtools.airflow_env import REPO
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+@pytest.mark.parametrize("dag_id", [RETRY, REQUEUE])
+def test_dag_loads_without_import_errors(dagbag, dag_id):
+    mine = {k: v for k, v in dagbag.import_errors.items() if "news_snapshot_detach" in k}
+    assert mine == {}
+    assert dag_id in dagbag.dags
+
+
+def test_retry_dag_structure(dagbag):
+    dag = dagbag.dags[RETRY]
+    assert dag.catchup is False
+    assert dag.max_active_runs == 1
+    assert dag.timetable.expression == "*/5 * * * *"
+    assert str(dag.timezone) == "UTC"
+    assert set(dag.tags) == {"pin", "postgres-maintenance", "news"}
+    assert dag.doc_md and "Runbook" in dag.doc_md
+    assert [t.task_id for t in dag.tasks] == ["detach_pending_snapshots"]
+    task = dag.tasks[0]
+    assert task.execution_timeout == timedelta(minutes=30)
+    expected = {
+        "batch_size",
+        "max_run_duration_seconds",
+        "max_attempts",
+        "backoff_base_seconds",
+        "backoff_factor",
+        "backoff_cap_seconds",
+        "detach_call_timeout_seconds",
+        "lock_ttl_seconds",
+        "detach_concurrency",
+        "dry_run",
+    }
+    assert set(dag.params.keys()) == expected
+
+
+def test_requeue_dag_structure(dagbag):
+    dag = dagbag.dags[REQUEUE]
+    assert dag.timetable.can_be_scheduled is False  # schedule=None: manual only
+    assert dag.max_active_runs == 1
+    assert set(dag.tags) == {"pin", "postgres-maintenance", "news"}
+    assert set(dag.params.keys()) == {"snapshot_ids", "all_quarantined", "dry_run"}
+    assert [t.task_id for t in dag.tasks] == ["requeue_quarantined_snapshots"]
+
+
+def _output(done) -> str:
+    return f"{done.stdout}\n{done.stderr}"
+
+
+def test_retry_dag_run_detaches_retries_and_quarantines(db, run_dag):
+    ok = insert_entries(db, 5)
+    flaky = insert_entry(db)
+    gone = insert_entry(db)
+    with SelectionsService() as svc:
+        svc.script(flaky.snapshot_id, "error_503")
+        svc.script(gone.snapshot_id, "not_found")
+        done = run_dag(RETRY, db, selections_url=svc.url)
+        counts = svc.call_counts()
+    assert done.returncode == 0, _output(done)
+    state = rows(db)
+    assert all(state[e.snapshot_id].status == "Done" for e in ok)
+    assert (state[flaky.snapshot_id].status, state[flaky.snapshot_id].attempts) == ("Pending", 1)
+    assert state[gone.snapshot_id].status == "Quarantined"
+    assert set(counts.values()) == {1} and len(counts) == 7
+    out = _output(done)
+    assert "event=job_completed" in out and "succeeded=5" in out
+    assert "PIN_ALERT" in out and "snapshot_detach_quarantined" in out
+    assert "local-dev-secret" not in out
+
+
+def test_retry_dag_invalid_config_fails_before_any_call(db, run_dag):
+    entry = insert_entry(db)
+    before = rows(db)
+    with SelectionsService() as svc:
+        done = run_dag(
+            RETRY,
+            db,
+            selections_url=svc.url,
+            variables={RETRY: {"lock_ttl_seconds": 100}},  # not > max_run_duration 240
+        )
+        assert svc.calls == []
+    assert done.returncode != 0
+    assert "lock_ttl_seconds" in _output(done)
+    assert rows(db) == before
+    assert entry.snapshot_id in before
+
+
+def test_requeue_dag_moves_chosen_rows(db, run_dag):
+    q1 = insert_entry(db, status="Quarantined", attempts=12, last_error="HttpNotFound 404")
+    q2 = insert_entry(db, status="Quarantined", attempts=12)
+    done = run_dag(REQUEUE, db, conf={"snapshot_ids": [q1.snapshot_id]})
+    assert done.returncode == 0, _output(done)
+    state = rows(db)
+    assert (state[q1.snapshot_id].status, state[q1.snapshot_id].attempts) == ("Pending", 0)
+    assert state[q1.snapshot_id].last_error == "requeued: HttpNotFound 404"
+    assert state[q2.snapshot_id].status == "Quarantined"
+    assert "event=requeue_completed" in _output(done) and "requeued=1" in _output(done)
+
+
+def test_requeue_dag_refuses_an_empty_choice(db, run_dag):
+    q = insert_entry(db, status="Quarantined", attempts=12)
+    done = run_dag(REQUEUE, db, conf={"snapshot_ids": [], "all_quarantined": False})
+    assert done.returncode != 0
+    assert "nothing chosen" in _output(done)
+    assert rows(db)[q.snapshot_id].status == "Quarantined"

@@ -1,0 +1,135 @@
+"""ActivityRetentionJob pure parts: config contract, XCom round trips, the report (no DB)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+
+import pytest
+
+from include.pin_maintenance import sql
+from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.jobs import activity_retention as job
+from include.pin_maintenance.runloop import StopReason
+from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
+
+
+def test_config_keys_and_defaults_are_the_design_contract():
+    assert job.CONFIG.job == "user_activity_retention"
+    assert job.CONFIG.resolve(None, None) == {
+        "retention_period_days": 365,
+        "batch_size": 5000,
+        "max_batches_per_run": 200,
+        "max_run_duration_seconds": 1800,
+    }
+    assert job.CONFIG.extra_params == frozenset({"dry_run"})
+
+
+@pytest.mark.parametrize(
+    ("variable", "params", "key", "allowed"),
+    [
+        ({"retention_period_days": 0}, None, "retention_period_days", ">= 1"),
+        ({"retention_period_days": 1.5}, None, "retention_period_days", ">= 1"),
+        (None, {"batch_size": 0}, "batch_size", "1..50000"),
+        (None, {"batch_size": 50_001}, "batch_size", "1..50000"),
+        ({"batch_size": True}, None, "batch_size", "1..50000"),
+        (None, {"max_batches_per_run": 0}, "max_batches_per_run", ">= 1"),
+        ({"max_run_duration_seconds": 0}, None, "max_run_duration_seconds", "> 0"),
+        (None, {"max_run_duration_seconds": -5}, "max_run_duration_seconds", "> 0"),
+        ({"max_run_duration_seconds": "30m"}, None, "max_run_duration_seconds", "> 0"),
+        ({"retention_period": 30}, None, "retention_period", "allowed keys"),
+    ],
+)
+def test_invalid_config_names_key_value_and_range(variable, params, key, allowed):
+    with pytest.raises(ConfigError) as caught:
+        job.CONFIG.resolve(json.dumps(variable) if variable else None, params)
+    message = str(caught.value)
+    assert key in message
+    assert allowed in message
+
+
+def test_edges_of_the_ranges_are_valid():
+    values = job.CONFIG.resolve(
+        {"retention_period_days": 1, "batch_size": 50_000},
+        {"max_batches_per_run": 1, "max_run_duration_seconds": 0.5, "dry_run": True},
+    )
+    assert values["batch_size"] == 50_000
+    assert values["max_run_duration_seconds"] == 0.5
+
+
+def test_every_query_file_exists():
+    for name in [*job._DELETE_SQL.values(), *job._COUNT_SQL.values()]:
+        assert sql.load(name)
+    for name in ("plan_run", "count_eligible_sessions", "seconds_until"):
+        assert sql.load(f"retention/{name}")
+    assert "skip locked" in sql.load("retention/claim_session_batch")
+    assert "for update" not in sql.load("retention/peek_session_batch")
+
+
+PLAN = job.RunPlan(
+    cutoff=datetime(2025, 11, 30, 0, 0, tzinfo=UTC),
+    deadline_at=datetime(2026, 11, 30, 0, 30, tzinfo=UTC),
+    started_at_unix=1_000.0,
+    retention_period_days=365,
+    batch_size=5000,
+    max_batches_per_run=200,
+    max_run_duration_seconds=1800.0,
+    eligible_backlog=42,
+)
+
+
+def test_plan_and_step_survive_a_json_xcom_round_trip():
+    assert job.RunPlan.from_xcom(json.loads(json.dumps(PLAN.to_xcom()))) == PLAN
+    step = job.StepResult("sessions", rows=3, batches=1, stop_reason="max_batches")
+    assert job.StepResult.from_xcom(json.loads(json.dumps(step.to_xcom()))) == step
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "lock_skipped", "has_more"),
+    [
+        (StopReason.DRAINED, False, False),
+        (StopReason.MAX_BATCHES, False, True),
+        (StopReason.MAX_DURATION, False, True),
+        (StopReason.DRAINED, True, True),
+    ],
+)
+def test_step_has_more_when_a_bound_or_the_lock_ended_it(stop_reason, lock_skipped, has_more):
+    step = job.StepResult("action_events", stop_reason=stop_reason.value, lock_skipped=lock_skipped)
+    assert step.has_more is has_more
+
+
+def _telemetry() -> Telemetry:
+    log = JobLog(job.JOB, "unit")
+    return Telemetry(log, RecordingMetrics(), LogOnlyAlerts(log))
+
+
+def test_report_sums_the_steps_into_the_seed_result_and_emits_run_metrics():
+    tel = _telemetry()
+    steps = [
+        job.StepResult("action_events", rows=60, batches=3),
+        job.StepResult("property_object_views", rows=50, batches=3),
+        job.StepResult("sessions", rows=30, batches=3, stop_reason="max_batches"),
+    ]
+
+    result = job.report(PLAN, steps, tel, wall_clock=lambda: 1_012.5)
+
+    assert result.as_dict() == {
+        "DeletedSessions": 30,
+        "DeletedPropertyObjectViews": 50,
+        "DeletedActionEvents": 60,
+        "BatchesProcessed": 9,
+        "HasMore": True,
+        "DryRun": False,
+    }
+    assert tel.metrics.timings["activity_retention_run_duration_seconds"] == [12.5]
+    assert tel.metrics.gauges["activity_retention_last_success_timestamp_seconds"] == 1_012.5
+
+
+def test_delete_step_refuses_an_unknown_table():
+    with pytest.raises(ValueError, match="unknown table"):
+        job.delete_step(lambda: None, PLAN, "property_object_view_stats", _telemetry(), None)
+
+
+def test_lock_lease_outlives_a_run_plus_one_batch():
+    worst_batch = 2 * job.SESSION_SETTINGS.statement_timeout_ms / 1000
+    assert worst_batch < job.LOCK_TTL_MARGIN_SECONDS
