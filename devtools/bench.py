@@ -1435,6 +1435,21 @@ def main(argv: Sequence[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="pin-bench-"))
     bench = Bench(plan, admin, workdir, args.runs)
     sections: list[Section] = []
+    info: list[tuple[str, str]] = []
+
+    def report() -> str:
+        text = render(
+            plan=plan,
+            argv=argv,
+            info=info,
+            bench=bench,
+            sections=sections,
+            started=started_at,
+            total_seconds=time.perf_counter() - started,
+        )
+        write_report(out, text)  # after every section: an interrupted bench keeps its figures
+        return text
+
     try:
         info = machine_info(admin)
         for key in args.only or SECTIONS:
@@ -1452,22 +1467,13 @@ def main(argv: Sequence[str]) -> int:
             section.load_after = _loadavg()
             sections.append(section)
             log.info("section %s done in %.0f s", key, section.seconds)
+            report()
     finally:
         bench.close()
         if own_server:
             pg.stop_embedded(BENCH_PGDATA)
         shutil.rmtree(workdir, ignore_errors=True)
-    text = render(
-        plan=plan,
-        argv=argv,
-        info=info,
-        bench=bench,
-        sections=sections,
-        started=started_at,
-        total_seconds=time.perf_counter() - started,
-    )
-    write_report(out, text)
-    print(text)
+    print(report())
     print(f"\nwritten to {out}")
     return 1 if any(s.error for s in sections) else 0
 
