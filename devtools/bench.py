@@ -723,9 +723,10 @@ class Bench:
         rows = []
         for total, due in self.plan.slots:
             template = self.slots_template(total, due)
-            job, limit, rss, cpu = Series(), Series(), [], Series()
+            job, limit, loop, rss, cpu = Series(), Series(), Series(), [], Series()
             for i in range(self.runs):
-                for what in self.alternate(i):
+                variants = ("job", "limit", "loop")
+                for what in variants[i % 3 :] + variants[: i % 3]:
                     db = self.clone(template, "slots")
                     try:
                         if what == "job":
@@ -735,8 +736,10 @@ class Bench:
                             cpu.add(run.cpu)
                             if run.result.get("ExpiredCount") != due:
                                 raise BenchError(f"slots job result {run.result}, due {due}")
-                        else:
+                        elif what == "limit":
                             limit.add(self.timed_sql(db, [SLOTS_LIMIT], {}))
+                        else:
+                            loop.add(self.slots_sql_loop(db))
                         state = bd.slots_state(db.url)
                         if state["due"] != 0:
                             raise BenchError(f"{what} left {state['due']} due slots")
@@ -753,6 +756,8 @@ class Bench:
                     f"{ratio:.2f}x",
                     _rate(due, job.median),
                     _rate(due, limit.median),
+                    loop.fmt(),
+                    f"{_ratio(limit.median, loop.median):.2f}x",
                     _mb(max(rss)),
                     _secs(cpu.median),
                     _verdict(ratio >= 0.9),
@@ -763,7 +768,11 @@ class Bench:
             "batch), `max_run_duration_seconds` raised so one run expires the whole backlog. "
             "Limit: one `UPDATE ... SET status = 'Expired', updated_at = now(), "
             "version = version + 1 WHERE status = 'Available' AND start_at <= now()`. Fresh "
-            "clone per timed run."
+            "clone per timed run. Diagnostic column: the job's own batch statement "
+            "(`include/sql/slots/expire_due_slots.sql`, 500 rows, `FOR UPDATE SKIP LOCKED`) "
+            "repeated by a bare loop until a batch comes back short, one commit per batch, "
+            "`synchronous_commit = off` like the job: what the SQL shape costs without the job's "
+            "Python around it."
         )
         out.append("")
         out.append(
@@ -776,6 +785,8 @@ class Bench:
                     "limit/job",
                     "job rows/s",
                     "limit rows/s",
+                    "job's SQL in a bare loop",
+                    "limit/loop",
                     "job peak RSS",
                     "job CPU in run()",
                     "goal >= 0.9x",
@@ -811,6 +822,28 @@ class Bench:
                 empty_rows,
             )
         )
+
+    def slots_sql_loop(self, db: pg.Database) -> float:
+        """The slot job's batch statement in a bare loop, at the job's default batch size."""
+        from include.pin_maintenance import sql as named_sql
+
+        module = importlib.import_module(JOB_MODULES["slots"])
+        batch_size = int(module.CONFIG.defaults["batch_size"])
+        statement = named_sql.load("slots/expire_due_slots")
+        started = time.perf_counter()
+        with psycopg.connect(db.url) as conn:
+            conn.execute("select set_config('synchronous_commit', 'off', false)")
+            params = {
+                "as_of": datetime.now(UTC),
+                "batch_size": batch_size,
+                "excluded_ids": [],
+            }
+            while True:
+                expired = len(conn.execute(statement, params).fetchall())
+                conn.commit()
+                if expired < batch_size:
+                    break
+        return time.perf_counter() - started
 
     def selections(self) -> Service:
         if self._service is None:
