@@ -65,6 +65,7 @@ def test_empty_cycle_is_a_successful_no_op(slots_db: Database):
     }
     assert table_state(slots_db) == before
     assert run.metrics.counters[se.M_ITEMS] == 0
+    assert run.metrics.counters[se.M_ERRORS] == 0
     assert run.metrics.gauges[se.M_BACKLOG] == 0
     assert se.M_LAST_SUCCESS in run.metrics.gauges
     assert run.alerts.sent == []

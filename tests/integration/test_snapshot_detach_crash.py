@@ -104,3 +104,31 @@ def test_sigkill_mid_batch_then_normal_run_finishes_every_row(db):
                 " and state like 'idle in transaction%%'"
             ).fetchone()[0]
         assert idle_in_tx == 0
+
+
+def test_sigterm_stops_between_rows_and_costs_no_attempt(db):
+    """SIGTERM (what Airflow sends on kill/timeout) = graceful stop: the call in flight is
+    recorded, claimed rows not yet called get their attempt back, the worker exits cancelled."""
+    entries = insert_entries(db, 30)
+    with SelectionsService(latency_ms=150) as svc:
+        worker = _start_worker(db.url, svc.url, {"batch_size": 10, "detach_concurrency": 1})
+        try:
+            _wait_for(lambda: len(svc.calls) >= 3 or worker.poll() is not None)
+            assert worker.poll() is None
+            worker.send_signal(signal.SIGTERM)
+            out, err = worker.communicate(timeout=60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        assert worker.returncode == 3, err
+        assert '"cancelled": true' in out
+        state = rows(db)
+        called = svc.call_counts()
+        assert 3 <= len(called) < 30
+        for e in entries:
+            row = state[e.snapshot_id]
+            if e.snapshot_id in called:
+                assert (row.status, row.attempts) == ("Done", 1)
+            else:
+                assert (row.status, row.attempts) == ("Pending", 0)

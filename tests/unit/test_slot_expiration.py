@@ -5,11 +5,14 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs import slot_expiration as se
+from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
 
 
 def test_config_defaults_match_design_section_4():
@@ -160,3 +163,17 @@ def test_metric_names_are_the_contract():
         "calendar_slot_expiration_errors_total",
         "calendar_slot_expiration_last_success_timestamp_seconds",
     }
+
+
+def test_unreachable_database_fails_the_cycle_and_counts_an_error(tmp_path):
+    log = JobLog(se.JOB, "unit")
+    metrics = RecordingMetrics()
+    telemetry = Telemetry(log, metrics, LogOnlyAlerts(log))
+
+    def connect():
+        return psycopg.connect(f"postgresql:///none?host={tmp_path}", connect_timeout=2)
+
+    with pytest.raises(psycopg.OperationalError):
+        se.run(connect, {}, telemetry, StopSignal())
+    assert metrics.counters == {se.M_ERRORS: 1}
+    assert se.M_LAST_SUCCESS not in metrics.gauges

@@ -36,6 +36,15 @@ One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-sna
    claim (``last_error`` unchanged): a broken credential or a cancelled run costs no row an
    attempt. Rows with a status other than Pending/Done/Quarantined are never selected.
 
+Metrics (names are the contract): ``succeeded_total`` / ``retried_total`` /
+``quarantined_total`` count rows by outcome; ``failed_total`` counts calls that were made and
+did not succeed (any non-2xx or transport error, incl. 401/403); ``lag_seconds`` is one timing
+per Done row (``now - created_at``); the ``pending`` / ``oldest_age_seconds`` gauges are
+measured at the end of every run that held the lock (and of a dry run);
+``last_success_timestamp_seconds`` is set at the end of every run that ended normally (incl.
+no-op and lock-skip runs) but not after a cancellation or an auth failure, so the "no
+successful run for 15 min" rule also catches broken credentials.
+
 Cancellation (stop signal) is honoured between rows: calls not yet started are given back,
 the batch's outcome transaction commits, then :class:`JobCancelled` is raised. A worker
 exception on one row is logged and recorded as a transient error of that row. When the batch
@@ -50,7 +59,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -310,6 +319,12 @@ class ClaimedRow:
 
 
 @dataclass
+class _Batch:
+    rows: list[ClaimedRow]
+    calls: dict[str, Future]  # row id -> its detach call (rows with a known reason)
+
+
+@dataclass
 class _Applied:
     row: ClaimedRow
     decision: Decision
@@ -426,12 +441,20 @@ class _Run:
         self.log.info("dry_run", due=self.result.due, calls=0, writes=0)
 
     def _run_batches(self) -> bool:
-        """The batch loop; returns True when it stopped because of the stop signal."""
+        """The batch loop; returns True when it stopped because of the stop signal.
+
+        Batches are pipelined one deep: batch N is claimed and its calls queued while batch
+        N-1's calls are still running, then N-1's outcomes are recorded. The workers never idle
+        between batches and the claim/outcome transactions overlap the network time; each
+        batch still has exactly one claim and one outcome transaction, and every claimed batch
+        is recorded before the run ends (also on a bound, a stop or an open breaker).
+        """
         conn = self.connect()
         conn.autocommit = True  # every unit of work is an explicit, short transaction
         workers = ThreadPoolExecutor(
             max_workers=int(self.cfg["detach_concurrency"]), thread_name_prefix="detach"
         )
+        self._in_flight: _Batch | None = None
         try:
             loop = run_batches(
                 lambda index: self._batch(conn, workers, index),
@@ -439,6 +462,7 @@ class _Run:
                 self.stop,
                 clock=self.monotonic,
             )
+            self._settle(conn)
         finally:
             workers.shutdown(wait=True, cancel_futures=True)
             conn.close()
@@ -451,31 +475,41 @@ class _Run:
 
     def _batch(self, conn: psycopg.Connection, workers: ThreadPoolExecutor, index: int) -> bool:
         if self.breaker.is_set():
+            self._settle(conn)
             return False
-        rows = self._claim(conn)
+        in_flight = [r.id for r in self._in_flight.rows] if self._in_flight else []
+        rows = self._claim(conn, in_flight)
         self.log.info("batch_claimed", batch=index, rows=len(rows))
-        if not rows:
-            return False
         self.result.claimed += len(rows)
         calls = [r for r in rows if r.reason in KNOWN_REASONS]
-        outcomes = dict(zip((r.id for r in calls), workers.map(self._call, calls), strict=True))
-        decisions = []
-        for row in rows:
-            if row.reason not in KNOWN_REASONS:
-                decision = Decision(Verdict.QUARANTINE, "UnknownReason")
-            else:
-                decision = classify(outcomes[row.id], row.attempts, self.cfg["max_attempts"])
-            decisions.append((row, decision))
-        self._record(conn, decisions)
+        batch = _Batch(rows, {r.id: workers.submit(self._call, r) for r in calls})
+        self._settle(conn)  # the previous batch, whose calls were queued first
+        self._in_flight = batch if rows else None
         full = len(rows) == self.cfg["batch_size"]
         return full and not self.breaker.is_set()
 
-    def _claim(self, conn: psycopg.Connection) -> list[ClaimedRow]:
+    def _settle(self, conn: psycopg.Connection) -> None:
+        """Wait for the in-flight batch's calls and record its outcomes (one transaction)."""
+        batch, self._in_flight = self._in_flight, None
+        if batch is None:
+            return
+        decisions = []
+        for row in batch.rows:
+            if row.reason not in KNOWN_REASONS:
+                decision = Decision(Verdict.QUARANTINE, "UnknownReason")
+            else:
+                decision = classify(
+                    batch.calls[row.id].result(), row.attempts, self.cfg["max_attempts"]
+                )
+            decisions.append((row, decision))
+        self._record(conn, decisions)
+
+    def _claim(self, conn: psycopg.Connection, in_flight: list[str]) -> list[ClaimedRow]:
         now = self.now()
         with conn.transaction():
             found = conn.execute(
                 sql.load("news/select_due_entries"),
-                {"now": now, "batch_size": int(self.cfg["batch_size"])},
+                {"now": now, "batch_size": int(self.cfg["batch_size"]), "in_flight": in_flight},
             ).fetchall()
             rows = []
             for rid, snapshot_id, post_id, reason, attempts, next_at, created_at in found:
@@ -621,7 +655,7 @@ class _Run:
                 "entry_retry",
                 snapshot_id=row.snapshot_id,
                 attempts=row.attempts,
-                errorCode=decision.error,
+                error_code=decision.error,
                 next_attempt_at=plan.next_attempt_at.isoformat(),
             )
         elif v is Verdict.QUARANTINE:
@@ -632,7 +666,7 @@ class _Run:
                 snapshot_id=row.snapshot_id,
                 reason=row.reason,
                 attempts=row.attempts,
-                errorCode=decision.error,
+                error_code=decision.error,
             )
             self.t.alerts.send(
                 Alert(
@@ -652,7 +686,7 @@ class _Run:
             self.result.given_back += 1
             if not self.result.auth_failed:
                 self.result.auth_failed = True
-                self.log.error("selections_auth_failed", errorCode=decision.error)
+                self.log.error("selections_auth_failed", error_code=decision.error)
                 self.t.alerts.send(
                     Alert(
                         "selections_auth_failed",
