@@ -1462,9 +1462,7 @@ def main(argv: Sequence[str]) -> int:
     started = time.perf_counter()
 
     own_server = not os.environ.get(pg.EXTERNAL_URL_ENV)
-    admin = (
-        pg.admin_url() if not own_server else pg.start_embedded(BENCH_PGDATA, keep_running=False)
-    )
+    admin = pg.admin_url() if not own_server else pg.start_embedded(BENCH_PGDATA, keep_running=True)
     workdir = Path(tempfile.mkdtemp(prefix="pin-bench-"))
     bench = Bench(plan, admin, workdir, args.runs)
     sections: list[Section] = []
