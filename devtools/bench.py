@@ -384,27 +384,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-# The service writes a response's headers and body in two sends; with Nagle's algorithm on its
-# sockets the body waits for the client's delayed ACK (~40 ms on Linux loopback), so a 20 ms
-# call took ~64 ms. TCP_NODELAY (StreamRequestHandler.disable_nagle_algorithm) removes the
-# stall; a no-op once the service sets it itself.
-SELECTIONS_LAUNCHER = """
-import sys
-from devtools import selections_service as service
-handler = getattr(service, "_Handler", None)
-if handler is not None:
-    handler.disable_nagle_algorithm = True
-sys.exit(service.main(sys.argv[1:]))
-"""
-
-
 def start_selections(latency_ms: float, log_file: Path) -> Service:
     """``devtools/selections_service.py`` (stdlib HTTP server) on a free loopback port."""
     port = _free_port()
     cmd = [
         sys.executable,
-        "-c",
-        SELECTIONS_LAUNCHER,
+        "-m",
+        "devtools.selections_service",
         "--port",
         str(port),
         "--latency-ms",
@@ -912,9 +898,9 @@ class Bench:
             )
         out.append(
             f"Selections service: `devtools/selections_service.py --latency-ms "
-            f"{self.plan.latency_ms:g}` (every call sleeps {self.plan.latency_ms:g} ms; started "
-            "with TCP_NODELAY, see the notes). Limit: the service's capacity measured alone, "
-            "by a client that keeps the same number of keep-alive connections busy as the job "
+            f"{self.plan.latency_ms:g}` (every call sleeps {self.plan.latency_ms:g} ms; the "
+            "service sets TCP_NODELAY, see the notes). Limit: the service's capacity measured "
+            "alone, by a client that keeps the same number of keep-alive connections busy as the job "
             "has calls in flight. Job: `snapshot_detach.run()` on a fresh clone of the outbox "
             "each time (batch_size 100; every due row must end Done)."
         )

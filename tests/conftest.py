@@ -9,6 +9,8 @@ order. Nothing here mocks the database.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,18 +23,21 @@ TEMPLATE_DB = f"pin_template_{os.getpid()}"
 
 
 @pytest.fixture(scope="session")
-def pg_admin_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def pg_admin_url() -> Iterator[str]:
     """Admin URL of the test server (embedded in a temp dir, or ``PIN_PG_URL``)."""
     external = os.environ.get(pg.EXTERNAL_URL_ENV)
     if external:
         yield external
         return
-    pgdata: Path = tmp_path_factory.mktemp("pg")
+    # Not under pytest's /tmp/pytest-of-<user>: every new pytest session chmods that to 0700,
+    # which locks the server's own system user (when run as root) out of its data directory.
+    pgdata = Path(tempfile.mkdtemp(prefix="pin-test-pg-"))
     url = pg.start_embedded(pgdata, keep_running=True)
     try:
         yield url
     finally:
         pg.stop_embedded(pgdata)
+        shutil.rmtree(pgdata, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
