@@ -901,8 +901,8 @@ class Bench:
             f"{self.plan.latency_ms:g}` (every call sleeps {self.plan.latency_ms:g} ms; the "
             "service sets TCP_NODELAY, see the notes). Limit: the service's capacity measured "
             "alone, by a client that keeps the same number of keep-alive connections busy as "
-            "the job has calls in flight. Job: `snapshot_detach.run()` on a fresh clone of the outbox "
-            "each time (batch_size 100; every due row must end Done)."
+            "the job has calls in flight. Job: `snapshot_detach.run()` on a fresh clone of the "
+            "outbox each time (batch_size 100; every due row must end Done)."
         )
         out.append("")
         out.append(
