@@ -16,18 +16,29 @@ class JobCancelled(RuntimeError):
 
 
 class StopSignal:
-    """A thread-safe "please stop" flag, set by SIGTERM or by a caller."""
+    """A thread-safe "please stop" flag, set by SIGTERM or by a caller.
 
-    def __init__(self) -> None:
+    A signal made with a ``parent`` is also set while its parent is: a job's side loops stop
+    on the run's own stop (SIGTERM) or on their own (a sibling loop failed).
+    """
+
+    def __init__(self, parent: StopSignal | None = None) -> None:
         self._event = threading.Event()
-        self.reason = ""
+        self._reason = ""
+        self._parent = parent
+
+    @property
+    def reason(self) -> str:
+        if self._event.is_set() or self._parent is None:
+            return self._reason
+        return self._parent.reason
 
     def set(self, reason: str = "stop requested") -> None:
-        self.reason = reason
+        self._reason = reason
         self._event.set()
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self._event.is_set() or (self._parent is not None and self._parent.is_set())
 
     def raise_if_set(self) -> None:
         if self.is_set():

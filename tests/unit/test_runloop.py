@@ -85,3 +85,18 @@ def test_sigterm_sets_signal_and_chains_previous_handler():
         assert seen == [signal.SIGTERM, signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_child_signal_follows_its_parent_but_not_the_other_way():
+    run = StopSignal()
+    loop = StopSignal(parent=run)
+    assert not loop.is_set()
+
+    run.set("SIGTERM received")
+    assert loop.is_set() and loop.reason == "SIGTERM received"
+
+    other_run = StopSignal()
+    sibling = StopSignal(parent=other_run)
+    sibling.set("runner 2 failed")
+    assert sibling.is_set() and sibling.reason == "runner 2 failed"
+    assert not other_run.is_set() and other_run.reason == ""
