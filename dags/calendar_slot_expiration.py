@@ -12,19 +12,22 @@ not depend on this job (booking guards reject past slots on their own).
 **Schedule.** Every 5 minutes (`*/5 * * * *`, UTC). One run at a time (`max_active_runs=1`):
 the next tick waits for the running cycle. There is **no global lock**; a second runner (another
 deployment, a manual `airflow tasks test`) is safe because each batch locks its rows with
-`SKIP LOCKED`, so every slot is expired by exactly one runner.
+`SKIP LOCKED`, so every slot is expired by exactly one runner. The cycle uses this itself: when
+its first batch comes back full it starts up to `runners - 1` more batch loops, each on its own
+connection, that share the backlog the same way.
 
 **Safe to rerun?** Yes, at any time. The selection takes only `Available` rows, so a committed
 batch is never selected again and a second pass is a no-op. A failed run has rolled back only
 the batch in hand; the next cycle picks the same rows up.
 
 **Params** (empty = the Variable `calendar_slot_expiration` JSON, else the default):
-`batch_size` (500, 1..10000), `max_run_duration_seconds` (30, > 0; no new batch starts after it,
-the rest waits for the next cycle), `dry_run` (count what would expire, change nothing).
+`batch_size` (500, 1..10000), `runners` (2, 1..8 batch loops, one connection each; 1 = one loop
+on one connection), `max_run_duration_seconds` (30, > 0; no new batch starts after it, the rest
+waits for the next cycle), `dry_run` (count what would expire, change nothing).
 
 **Result** (task return value and the `cycle_completed` log line): `ExpiredCount`,
 `SkippedLockedCount` (due slots locked by an in-flight booking or another runner),
-`DurationMs`, plus `ErrorsCount`, `Backlog`, `Batches`, `StopReason`.
+`DurationMs`, plus `ErrorsCount`, `Backlog`, `Batches`, `Runners`, `StopReason`.
 
 **Metrics.** `calendar_slot_expiration_cycle_duration_seconds`, `_items_total`, `_backlog`
 (Available slots already started, after the cycle), `_skip_locked_total`, `_errors_total`,
@@ -33,8 +36,8 @@ the rest waits for the next cycle), `dry_run` (count what would expire, change n
 **Runbook.**
 - *Backlog grows / `_backlog` > 5000 for long*: check the task log's `cycle_completed` line.
   `stop_reason=max_duration` every cycle means the job falls behind: raise
-  `max_run_duration_seconds` or `batch_size` in the Variable; check the `calendar_db` load and
-  that `ix_availability_slots_status_start` exists.
+  `max_run_duration_seconds`, `runners` or `batch_size` in the Variable; check the `calendar_db`
+  load and that `ix_availability_slots_status_start` exists.
 - *Poison slot* (alert `slot_expiration_poison_row`, `event=item_failed slot_id=...` at ERROR):
   one slot fails its update (a trigger, a constraint, a bad value such as `version` at the
   integer limit). The rest of its batch is committed; the slot stays `Available` and is tried

@@ -36,7 +36,12 @@ def test_structure(dag):
     assert dag.catchup is False
     assert dag.tags == {"pin", "postgres-maintenance", "calendar"}
     assert "Runbook" in dag.doc_md and "Safe to rerun" in dag.doc_md
-    assert set(dag.params.keys()) == {"batch_size", "max_run_duration_seconds", "dry_run"}
+    assert set(dag.params.keys()) == {
+        "batch_size",
+        "runners",
+        "max_run_duration_seconds",
+        "dry_run",
+    }
     assert [t.task_id for t in dag.tasks] == ["expire_slots"]
     assert dag.tasks[0].execution_timeout == timedelta(minutes=10)
 
@@ -85,6 +90,7 @@ def test_run_expires_due_slots_isolates_a_poison_row_and_exits_zero(db: Database
     assert result["ExpiredCount"] == 5
     assert result["SkippedLockedCount"] == 0
     assert result["ErrorsCount"] == 1
+    assert result["Runners"] == 2  # the first batch was full: a second loop, own connection
     assert isinstance(result["DurationMs"], int)
     alerts = [
         json.JSONDecoder().raw_decode(line.split("PIN_ALERT ", 1)[1])[0]

@@ -18,6 +18,7 @@ from tests.integration.slot_expiration_fixtures import (
     Background,
     backend_pids,
     backends_waiting,
+    connect_for,
     gate,
     insert_due,
     insert_slot,
@@ -60,6 +61,7 @@ def test_empty_cycle_is_a_successful_no_op(slots_db: Database):
         "ErrorsCount": 0,
         "Backlog": 0,
         "Batches": 1,
+        "Runners": 1,
         "StopReason": "drained",
         "AsOf": None,
     }
@@ -123,7 +125,7 @@ def test_backlog_bigger_than_a_batch_is_taken_oldest_first_and_the_rest_waits(
 
     first = run_job(
         slots_db,
-        {"batch_size": 10, "max_run_duration_seconds": 30},
+        {"batch_size": 10, "runners": 1, "max_run_duration_seconds": 30},
         clock=lambda: next(ticks),
     )
 
@@ -132,7 +134,7 @@ def test_backlog_bigger_than_a_batch_is_taken_oldest_first_and_the_rest_waits(
     assert first.backlog == 15
     assert [state[i][0] for i in ids] == ["Expired"] * 10 + ["Available"] * 15
 
-    second = run_job(slots_db, {"batch_size": 10})
+    second = run_job(slots_db, {"batch_size": 10, "runners": 1})
 
     assert (second.expired_count, second.batches, second.stop_reason) == (15, 2, "drained")
     assert second.backlog == 0
@@ -340,7 +342,9 @@ def test_interrupted_batch_rolls_back_whole_fails_the_run_and_the_next_run_finis
     ids = insert_due(slots_db, 30)
     run = new_run()
     with gate(slots_db, ids[14]) as release:  # second batch
-        job = Background(lambda: run_job(slots_db, {"batch_size": 10}, run=run, app="victim"))
+        job = Background(
+            lambda: run_job(slots_db, {"batch_size": 10, "runners": 1}, run=run, app="victim")
+        )
         job.start()
         wait_at_gate(slots_db, "victim")
         (pid,) = backend_pids(slots_db, "victim")
@@ -410,5 +414,138 @@ def test_generated_mix_expires_exactly_the_past_available_slots(db: Database):
 
     result = run_job(db, {"batch_size": 500})
 
-    assert (result.expired_count, result.batches, result.backlog) == (1200, 3, 0)
+    # two runners: 500 + 500 full, then one short batch each
+    assert (result.expired_count, result.batches, result.runners) == (1200, 4, 2)
+    assert result.backlog == 0
     assert statuses(db) == {"Expired": 1300, "Available": 300, "Booked": 200, "Archived": 50}
+
+
+# --- two runners in one cycle (config `runners`, default 2) ---------------------------------
+
+
+def test_two_runners_share_a_backlog_and_expire_each_slot_once(
+    slots_db: Database, caplog: pytest.LogCaptureFixture
+):
+    ids = insert_due(slots_db, 3000)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+
+    result = run_job(slots_db, {"batch_size": 50, "runners": 2})
+
+    assert (result.expired_count, result.runners, result.stop_reason) == (3000, 2, "drained")
+    assert result.batches >= 3000 // 50 + 2  # 60 full batches plus one short batch per runner
+    state = table_state(slots_db)
+    assert {state[i][:3] for i in ids} == {("Expired", 2, NOW)}  # version + 1, exactly once
+    runners = {r.getMessage().split("runner=")[1].split()[0] for r in caplog.records
+               if "event=batch_selected" in r.getMessage()}  # fmt: skip
+    assert runners == {"1", "2"}
+
+
+def test_a_single_batch_backlog_starts_no_second_runner(slots_db: Database):
+    insert_due(slots_db, 7)
+    opened = []
+
+    def connect():
+        opened.append(True)
+        return connect_for(slots_db)()
+
+    run = new_run()
+    result = se.run(
+        connect, {"batch_size": 10, "runners": 4}, run.telemetry, run.stop, now=lambda: NOW
+    )
+
+    assert (result.expired_count, result.runners, result.batches) == (7, 1, 1)
+    assert len(opened) == 1
+
+
+def test_a_second_runner_that_cannot_connect_leaves_the_cycle_to_the_first(
+    slots_db: Database, caplog: pytest.LogCaptureFixture
+):
+    insert_due(slots_db, 25)
+    calls = []
+
+    def connect():
+        calls.append(True)
+        if len(calls) > 1:
+            raise psycopg.OperationalError("connection refused (test)")
+        return connect_for(slots_db)()
+
+    run = new_run()
+    result = se.run(
+        connect, {"batch_size": 10, "runners": 2}, run.telemetry, run.stop, now=lambda: NOW
+    )
+
+    assert (result.expired_count, result.runners, result.batches) == (25, 1, 3)
+    assert statuses(slots_db) == {"Expired": 25}
+    assert any("event=runner_not_started" in r.getMessage() for r in caplog.records)
+
+
+def test_cancellation_with_two_runners_commits_both_batches_in_hand_then_stops(
+    slots_db: Database,
+):
+    ids = insert_due(slots_db, 40)
+    run = new_run()
+    # Runner 1 commits ids[0:10], starts runner 2; the next two batches each stop at a gate.
+    with gate(slots_db, ids[19], ids[29]) as release:
+        job = Background(lambda: run_job(slots_db, {"batch_size": 10, "runners": 2}, run=run))
+        job.start()
+        wait_for(lambda: backends_waiting(slots_db, "advisory") == 2, "both runners at the gate")
+        run.stop.set("SIGTERM received")
+        release()
+        with pytest.raises(JobCancelled, match="SIGTERM received; 30 slots expired"):
+            job.result()
+
+    state = table_state(slots_db)
+    assert [state[i][:2] for i in ids] == [("Expired", 2)] * 30 + [("Available", 1)] * 10
+    assert lock_all_nowait(slots_db) == 40
+
+
+def test_a_failing_runner_fails_the_run_after_its_sibling_committed_its_batch_whole(
+    slots_db: Database, caplog: pytest.LogCaptureFixture
+):
+    ids = insert_due(slots_db, 40)
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    run = new_run()
+    with gate(slots_db, ids[19], ids[29]) as release:
+        job = Background(
+            lambda: run_job(slots_db, {"batch_size": 10, "runners": 2}, run=run, app="pair")
+        )
+        job.start()
+        wait_for(lambda: backends_waiting(slots_db, "advisory", "pair") == 2, "both at the gate")
+        victim = backend_pids(slots_db, "pair")[0]
+        with slots_db.connect(autocommit=True) as admin:
+            admin.execute("select pg_terminate_backend(%s)", (victim,))
+        wait_for(
+            lambda: any("event=runner_failed" in r.getMessage() for r in caplog.records),
+            "the cycle to notice the failed runner",
+        )
+        release()  # the sibling commits its batch in hand, then stops
+        with pytest.raises(psycopg.OperationalError):
+            job.result()
+
+    state = table_state(slots_db)
+    assert [state[i][:2] for i in ids[:10]] == [("Expired", 2)] * 10
+    middle = [state[i][:2] for i in ids[10:30]]  # one batch rolled back, the other committed
+    assert sorted(middle) == [("Available", 1)] * 10 + [("Expired", 2)] * 10
+    assert [state[i][:2] for i in ids[30:]] == [("Available", 1)] * 10  # nobody went on
+    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert lock_all_nowait(slots_db) == 40
+
+    assert run_job(slots_db, {"batch_size": 10}).expired_count == 20
+    assert {s[:2] for s in table_state(slots_db).values()} == {("Expired", 2)}
+
+
+def test_poison_row_is_isolated_by_whichever_runner_meets_it(slots_db: Database):
+    ids = insert_due(slots_db, 60)
+    poison = ids[37]
+    with slots_db.connect() as conn:
+        conn.execute("insert into public.slot_poison (id) values (%s)", (poison,))
+    run = new_run()
+
+    result = run_job(slots_db, {"batch_size": 10, "runners": 2}, run=run)
+
+    assert (result.expired_count, result.errors_count, result.runners) == (59, 1, 2)
+    assert [p.slot_id for p in result.poison] == [str(poison)]
+    assert table_state(slots_db)[poison][:2] == ("Available", 1)
+    assert statuses(slots_db) == {"Expired": 59, "Available": 1}
+    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert [a.name for a in run.alerts.sent] == [se.POISON_ALERT]

@@ -17,7 +17,12 @@ from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMe
 
 def test_config_defaults_match_design_section_4():
     assert se.CONFIG.job == "calendar_slot_expiration"
-    assert se.CONFIG.resolve(None, None) == {"batch_size": 500, "max_run_duration_seconds": 30}
+    # batch_size and max_run_duration_seconds are DESIGN section 4; runners is ours (README)
+    assert se.CONFIG.resolve(None, None) == {
+        "batch_size": 500,
+        "runners": 2,
+        "max_run_duration_seconds": 30,
+    }
 
 
 @pytest.mark.parametrize(
@@ -28,6 +33,8 @@ def test_config_defaults_match_design_section_4():
         (None, {"batch_size": 1.5}, "batch_size = 1.5"),
         ('{"max_run_duration_seconds": 0}', None, "max_run_duration_seconds = 0"),
         (None, {"max_run_duration_seconds": -3}, "allowed: number > 0"),
+        (None, {"runners": 0}, "runners = 0 (from trigger params) is out of range"),
+        ('{"runners": 9}', None, "allowed: integer 1..8"),
         ('{"lock_ttl_seconds": 60}', None, "unknown config key 'lock_ttl_seconds'"),
     ],
 )
@@ -43,9 +50,13 @@ def test_dry_run_param_is_not_a_config_key():
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ({}, {"batch_size": 500, "max_run_duration_seconds": 30}),
-        ({"batch_size": 1}, {"batch_size": 1, "max_run_duration_seconds": 30}),
-        ({"max_run_duration_seconds": 0.5}, {"batch_size": 500, "max_run_duration_seconds": 0.5}),
+        ({}, {"batch_size": 500, "runners": 2, "max_run_duration_seconds": 30}),
+        ({"batch_size": 1}, {"batch_size": 1, "runners": 2, "max_run_duration_seconds": 30}),
+        ({"runners": 1}, {"batch_size": 500, "runners": 1, "max_run_duration_seconds": 30}),
+        (
+            {"max_run_duration_seconds": 0.5},
+            {"batch_size": 500, "runners": 2, "max_run_duration_seconds": 0.5},
+        ),
     ],
 )
 def test_validate_accepts_resolved_configs(config, expected):
@@ -124,6 +135,7 @@ def test_result_dict_carries_the_seed_fields():
         "ErrorsCount": 0,
         "Backlog": 0,
         "Batches": 1,
+        "Runners": 1,
         "StopReason": "drained",
         "AsOf": "2026-06-01T00:00:00+00:00",
     }
@@ -177,3 +189,12 @@ def test_unreachable_database_fails_the_cycle_and_counts_an_error(tmp_path):
         se.run(connect, {}, telemetry, StopSignal())
     assert metrics.counters == {se.M_ERRORS: 1}
     assert se.M_LAST_SUCCESS not in metrics.gauges
+
+
+def test_a_poison_slot_met_by_two_runners_counts_once():
+    cycle = se._Cycle(as_of=datetime(2026, 6, 1, tzinfo=UTC), batch_size=10)
+    first = se.PoisonSlot("slot-1", "P0001: rejected")
+
+    assert cycle.batch_done(9, [first]) == (1, [first])
+    assert cycle.batch_done(0, [se.PoisonSlot("slot-1", "P0001: rejected again")]) == (2, [])
+    assert (cycle.expired, cycle.excluded_ids) == (9, ["slot-1"])

@@ -9,6 +9,11 @@ allows; whatever is left waits for the next cycle. There is no global lock: para
 exactly one of them. Booked, Expired, Archived and future slots never match the predicate, so a
 second pass is a no-op (idempotent by state, no checkpoint).
 
+A cycle is itself up to ``runners`` such parallel runners: when its first batch comes back
+full (a backlog), it starts the others, each on its own connection, and they share the backlog
+through SKIP LOCKED. Each runner walks the index from the largest ``start_at`` it locked so far
+(a keyset), so a long backlog does not rescan what the cycle already expired.
+
 Failures:
 
 * A poison row (a trigger, a constraint or a bad value fails the statement for one slot): the
@@ -19,6 +24,7 @@ Failures:
   it again.
 * An infrastructure failure (connection lost, statement or lock timeout, server shutdown) rolls
   the batch back and fails the run; the next cycle retries the same, still Available, rows.
+  The other runners finish the batch in hand and stop first.
 * Cancellation (SIGTERM) is checked between batches: the batch in hand commits or rolls back as
   a whole and its row locks go with the transaction.
 
@@ -33,6 +39,7 @@ import argparse
 import json
 import logging
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -153,6 +160,7 @@ class ExpirationResult:
     backlog: int | None = None
     dry_run: bool = False
     would_expire_count: int | None = None
+    runners: int = 1
 
     @property
     def errors_count(self) -> int:
@@ -167,6 +175,7 @@ class ExpirationResult:
             "ErrorsCount": self.errors_count,
             "Backlog": self.backlog,
             "Batches": self.batches,
+            "Runners": self.runners,
             "StopReason": self.stop_reason,
             "AsOf": self.as_of.isoformat(),
         }
@@ -195,18 +204,20 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class _Cycle:
-    """Mutable state of one cycle, shared by its batches."""
+    """State of one cycle, shared by its runners (each in its own thread)."""
 
     as_of: datetime
     batch_size: int
     expired: int = 0
-    skipped_locked: int = 0
+    batches: int = 0
     poison: list[PoisonSlot] = field(default_factory=list)
     alerts_sent: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def excluded_ids(self) -> list[str]:
-        return [p.slot_id for p in self.poison]
+        with self._lock:
+            return [p.slot_id for p in self.poison]
 
     def params(self) -> dict[str, Any]:
         return {
@@ -215,6 +226,34 @@ class _Cycle:
             "excluded_ids": self.excluded_ids,
             "count_cap": COUNT_CAP,
         }
+
+    def batch_done(
+        self, expired: int, poison: Sequence[PoisonSlot]
+    ) -> tuple[int, list[PoisonSlot]]:
+        """Count one batch; return its number in the cycle (1-based) and the poison slots new
+        to the cycle (two runners can both meet a slot before either has excluded it)."""
+        with self._lock:
+            self.expired += expired
+            known = {p.slot_id for p in self.poison}
+            new = [p for p in poison if p.slot_id not in known]
+            self.poison.extend(new)
+            self.batches += 1
+            return self.batches, new
+
+    def may_alert(self) -> bool:
+        with self._lock:
+            if self.alerts_sent >= MAX_POISON_ALERTS_PER_CYCLE:
+                return False
+            self.alerts_sent += 1
+            return True
+
+
+@dataclass
+class _Runner:
+    """One batch loop of a cycle and its keyset: the largest start_at it locked so far."""
+
+    number: int
+    after: datetime | None = None
 
 
 def run(
@@ -243,6 +282,7 @@ def run(
         "cycle_started",
         as_of=as_of.isoformat(),
         batch_size=cycle.batch_size,
+        runners=values["runners"],
         max_run_duration_seconds=values["max_run_duration_seconds"],
         dry_run=dry_run,
     )
@@ -251,12 +291,24 @@ def run(
         with _session(connect) as conn:
             if dry_run:
                 return _dry_run(conn, cycle, telemetry, started=started, clock=clock, now=now)
-
-            def batch(index: int) -> bool:
-                return _run_batch(conn, cycle, index, telemetry)
-
             limits = LoopLimits(float(values["max_run_duration_seconds"]))
-            loop = run_batches(batch, limits, stop, clock)
+            team = _Team(
+                connect,
+                cycle,
+                telemetry,
+                stop,
+                limits=limits,
+                clock=clock,
+                runners=int(values["runners"]),
+                began=started,
+            )
+            stop_reason = team.run(conn)
+            skipped = 0
+            if stop_reason is StopReason.DRAINED:
+                # Every runner ended on a short batch, so it took every due slot it could lock:
+                # whatever is still due (and not poison) was locked by someone else when the
+                # runners passed, a booking in flight or another instance (seed: SkippedLocked).
+                skipped = _count(conn, "slots/count_due_slots", cycle.params())
             backlog = _count(conn, "slots/count_backlog", {"now": now(), "count_cap": COUNT_CAP})
     except psycopg.Error as exc:  # infrastructure: the batch in hand was rolled back
         metrics.incr(M_ERRORS)
@@ -271,13 +323,14 @@ def run(
     duration = clock() - started
     result = ExpirationResult(
         expired_count=cycle.expired,
-        skipped_locked_count=cycle.skipped_locked,
+        skipped_locked_count=skipped,
         duration_ms=_ms(duration),
         as_of=as_of,
-        batches=loop.batches,
-        stop_reason=loop.stop_reason.value,
+        batches=cycle.batches,
+        stop_reason=stop_reason.value,
         poison=tuple(cycle.poison),
         backlog=backlog,
+        runners=team.started,
     )
     metrics.timing(M_CYCLE_DURATION, timedelta(seconds=duration))
     metrics.incr(M_ITEMS, result.expired_count)
@@ -291,18 +344,124 @@ def run(
         skipped_locked=result.skipped_locked_count,
         errors=result.errors_count,
         batches=result.batches,
+        runners=result.runners,
         stop_reason=result.stop_reason,
         backlog=backlog,
     )
-    if loop.stop_reason is StopReason.CANCELLED:
+    if stop_reason is StopReason.CANCELLED:
         raise JobCancelled(f"{JOB}: {stop.reason}; {result.expired_count} slots expired")
     metrics.gauge(M_LAST_SUCCESS, time.time())
     return result
 
 
-@contextmanager
-def _session(connect: Connect) -> Iterator[psycopg.Connection]:
-    """The cycle's one connection, closed at the end whatever happens."""
+class _Team:
+    """The cycle's batch loops: the first on the caller's connection and thread, up to
+    ``runners - 1`` more in threads, started only when the first batch comes back full.
+
+    The loops are parallel instances in the seed's sense: SKIP LOCKED alone keeps them apart,
+    so each slot is taken by exactly one of them, and each keeps its own keyset. Their
+    connections are opened on the caller's thread (an Airflow hook reads its Connection through
+    the task runner, which is not for side threads). When one loop fails the others finish the
+    batch in hand and stop; the failure is raised once all have stopped.
+    """
+
+    def __init__(
+        self,
+        connect: Connect,
+        cycle: _Cycle,
+        telemetry: Telemetry,
+        stop: StopSignal,
+        *,
+        limits: LoopLimits,
+        clock: Callable[[], float],
+        runners: int,
+        began: float,
+    ) -> None:
+        self.connect, self.cycle, self.telemetry = connect, cycle, telemetry
+        self.limits, self.clock, self.runners = limits, clock, runners
+        self.halt = StopSignal(parent=stop)  # set by a failing loop; follows the run's stop
+        self.started = 0
+        self._threads: list[threading.Thread] = []
+        self._reasons: list[StopReason] = []
+        self._errors: list[BaseException] = []
+        self._began = began  # the cycle's start: side loops get what is left of its time
+
+    def run(self, conn: psycopg.Connection) -> StopReason:
+        first = _Runner(1)
+        self.started = 1
+
+        def batch(index: int) -> bool:
+            full = _run_batch(conn, self.cycle, first, self.telemetry)
+            if full and index == 0:
+                self._start_side_loops()
+            return full
+
+        try:
+            self._reasons.append(run_batches(batch, self.limits, self.halt, self.clock).stop_reason)
+        except BaseException as exc:
+            self._failed(first, exc)
+            raise
+        finally:
+            for thread in self._threads:
+                thread.join()
+        if self._errors:
+            raise self._errors[0]
+        return _combined(self._reasons)
+
+    def _start_side_loops(self) -> None:
+        if self.runners < 2 or self.halt.is_set():
+            return
+        remaining = self.limits.max_duration_seconds - (self.clock() - self._began)
+        if remaining <= 0:
+            return
+        limits = LoopLimits(remaining)
+        for number in range(2, self.runners + 1):
+            try:
+                conn = _open(self.connect)
+            except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
+                self.telemetry.log.warning(
+                    "runner_not_started", runner=number, error=_describe(exc)
+                )
+                return
+            thread = threading.Thread(
+                target=self._side_loop,
+                args=(conn, _Runner(number), limits),
+                name=f"slot-expiration-{number}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+            self.started += 1
+            thread.start()
+
+    def _side_loop(self, conn: psycopg.Connection, runner: _Runner, limits: LoopLimits) -> None:
+        try:
+            with conn:
+
+                def batch(index: int) -> bool:
+                    return _run_batch(conn, self.cycle, runner, self.telemetry)
+
+                self._reasons.append(run_batches(batch, limits, self.halt, self.clock).stop_reason)
+        except BaseException as exc:  # raised on the caller's thread once every loop stopped
+            self._errors.append(exc)
+            self._failed(runner, exc)
+
+    def _failed(self, runner: _Runner, exc: BaseException) -> None:
+        """Stop the other loops after their batch in hand; the cycle fails once all stopped."""
+        self.halt.set(f"runner {runner.number} failed")
+        if self.started > 1:
+            self.telemetry.log.warning("runner_failed", runner=runner.number, error=_describe(exc))
+
+
+def _combined(reasons: Sequence[StopReason]) -> StopReason:
+    """The cycle's stop reason: cancelled if any loop was, else a bound if any hit one."""
+    for reason in (StopReason.CANCELLED, StopReason.MAX_DURATION):
+        if reason in reasons:
+            return reason
+    return StopReason.DRAINED
+
+
+def _open(connect: Connect) -> psycopg.Connection:
+    """A connection set up for batches: autocommit outside them, asynchronous commit."""
     conn = connect()
     try:
         conn.autocommit = True  # every batch is an explicit transaction; reads take none
@@ -310,55 +469,62 @@ def _session(connect: Connect) -> Iterator[psycopg.Connection]:
         # leaves its slots Available, and the next cycle expires them (nothing downstream saw
         # the transition; the seed publishes no events). Saves a WAL flush per batch.
         conn.execute("select set_config('synchronous_commit', 'off', false)")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextmanager
+def _session(connect: Connect) -> Iterator[psycopg.Connection]:
+    """The cycle's first connection, closed at the end whatever happens."""
+    conn = _open(connect)
+    try:
         yield conn
     finally:
         conn.close()
 
 
-def _run_batch(conn: psycopg.Connection, cycle: _Cycle, index: int, telemetry: Telemetry) -> bool:
+def _run_batch(
+    conn: psycopg.Connection, cycle: _Cycle, runner: _Runner, telemetry: Telemetry
+) -> bool:
     """One batch in one transaction; True when it was full (more may be due)."""
-    params = cycle.params()
+    params = cycle.params() | {"after": runner.after}
+    poison: list[tuple[uuid.UUID, psycopg.Error]] = []
     try:
         with conn.transaction():
-            expired = len(conn.execute(sql.load("slots/expire_due_slots"), params).fetchall())
-            selected = expired
-            skipped = _skipped_if_short(conn, cycle, selected)
+            row = conn.execute(sql.load("slots/expire_due_slots"), params).fetchone()
+            selected, expired, last_start_at, missed = row
+            if missed:  # see expire_due_slots.sql: updated concurrently before our lock
+                expired += conn.execute(
+                    sql.load("slots/expire_slots_by_id"), {"ids": missed, "as_of": cycle.as_of}
+                ).rowcount
     except psycopg.Error as exc:
         if not is_row_error(exc.sqlstate) or conn.closed:
             raise
         # Nothing of this batch was written (the whole transaction rolled back). Lock the same
         # selection again and find the offending rows under savepoints.
         telemetry.log.warning(
-            "batch_isolating", batch=index + 1, batch_size=cycle.batch_size, error=_describe(exc)
+            "batch_isolating",
+            runner=runner.number,
+            batch_size=cycle.batch_size,
+            error=_describe(exc),
         )
         with conn.transaction():
-            ids = [row[0] for row in conn.execute(sql.load("slots/lock_due_slots"), params)]
-            selected = len(ids)
-            expired, poison = _expire_isolating(conn, ids, cycle.as_of)
-            for slot_id, error in poison:
-                cycle.poison.append(PoisonSlot(str(slot_id), _describe(error)))
-            skipped = _skipped_if_short(conn, cycle, selected)
-        for slot_id, error in poison:
-            _report_poison(cycle, str(slot_id), error, telemetry)
-    cycle.expired += expired
-    cycle.skipped_locked += skipped
+            rows = conn.execute(sql.load("slots/lock_due_slots"), params).fetchall()
+            selected = len(rows)
+            last_start_at = max((start_at for _, start_at in rows), default=None)
+            expired, poison = _expire_isolating(conn, [id_ for id_, _ in rows], cycle.as_of)
+    if last_start_at is not None:
+        runner.after = last_start_at
+    found = [PoisonSlot(str(slot_id), _describe(error)) for slot_id, error in poison]
+    number, found = cycle.batch_done(expired, found)
+    for slot in found:
+        _report_poison(cycle, slot, telemetry)
     telemetry.log.info(
-        "batch_selected", batch=index + 1, count=selected, expired=expired, skipped_locked=skipped
+        "batch_selected", batch=number, runner=runner.number, count=selected, expired=expired
     )
     return selected >= cycle.batch_size
-
-
-def _skipped_if_short(conn: psycopg.Connection, cycle: _Cycle, selected: int) -> int:
-    """Due slots SKIP LOCKED passed over, counted when a batch came back short.
-
-    A short batch took every due slot it could lock, so whatever is still due (and not a poison
-    slot) is locked by someone else: another runner or an in-flight booking. Counted inside the
-    batch transaction, where our own rows already read as Expired. A full batch does not count:
-    the next batch (or the next cycle) meets the same rows again.
-    """
-    if selected >= cycle.batch_size:
-        return 0
-    return _count(conn, "slots/count_due_slots", cycle.params())
 
 
 def _expire_isolating(
@@ -392,18 +558,16 @@ def _expire_isolating(
     return expired, poison
 
 
-def _report_poison(cycle: _Cycle, slot_id: str, error: psycopg.Error, telemetry: Telemetry) -> None:
-    text = _describe(error)
-    telemetry.log.error("item_failed", slot_id=slot_id, error=text)
+def _report_poison(cycle: _Cycle, slot: PoisonSlot, telemetry: Telemetry) -> None:
+    telemetry.log.error("item_failed", slot_id=slot.slot_id, error=slot.error)
     telemetry.metrics.incr(M_ERRORS)
-    if cycle.alerts_sent < MAX_POISON_ALERTS_PER_CYCLE:
-        cycle.alerts_sent += 1
+    if cycle.may_alert():
         telemetry.alerts.send(
             Alert(
                 POISON_ALERT,
                 "warning",
-                f"slot {slot_id} cannot be expired; left Available for the next cycle",
-                {"slot_id": slot_id, "error": text},
+                f"slot {slot.slot_id} cannot be expired; left Available for the next cycle",
+                {"slot_id": slot.slot_id, "error": slot.error},
             )
         )
 

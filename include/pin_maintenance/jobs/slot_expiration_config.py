@@ -22,6 +22,17 @@ CONFIG = ConfigSpec(
             help="Slots expired per batch (one statement, one transaction).",
         ),
         Setting(
+            "runners",
+            2,
+            minimum=1,
+            maximum=8,
+            help=(
+                "Batch loops side by side, one connection each, kept apart by SKIP LOCKED like "
+                "parallel instances; the extra ones start only when the first batch comes back "
+                "full."
+            ),
+        ),
+        Setting(
             "max_run_duration_seconds",
             30,
             kind=float,
