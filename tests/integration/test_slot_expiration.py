@@ -11,6 +11,7 @@ import pytest
 
 from devtools.pg import Database
 from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.db import SessionSettings, configured
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.runloop import JobCancelled
 from tests.integration.slot_expiration_fixtures import (
@@ -549,3 +550,86 @@ def test_poison_row_is_isolated_by_whichever_runner_meets_it(slots_db: Database)
     assert statuses(slots_db) == {"Expired": 59, "Available": 1}
     assert run.metrics.counters[se.M_ERRORS] == 1
     assert [a.name for a in run.alerts.sent] == [se.POISON_ALERT]
+
+
+# --- a slot updated (not booked) between the statement's snapshot and its row lock ----------
+
+SCAN_GATE_KEY = 4343
+SCAN_GATE = """
+do $$ begin
+  create role slot_scan_job login password 'slot-scan-job';
+exception when duplicate_object then null;
+end $$;
+grant usage on schema calendar to slot_scan_job;
+grant select, update on calendar.availability_slots to slot_scan_job;
+create table public.slot_scan_gate (id uuid primary key);
+grant select on public.slot_scan_gate, public.slot_gate, public.slot_poison to slot_scan_job;
+-- Called for every row the job's scan reads (a row-level security policy): reading a gated
+-- slot waits on advisory lock 4343, after the statement took its snapshot.
+create function public.slot_scan_wait(slot uuid) returns boolean
+language plpgsql volatile as $$
+begin
+  if exists (select 1 from public.slot_scan_gate g where g.id = slot) then
+    perform pg_advisory_xact_lock_shared(4343);
+  end if;
+  return true;
+end $$;
+alter table calendar.availability_slots enable row level security;
+create policy slot_scan_wait on calendar.availability_slots using (public.slot_scan_wait(id));
+"""
+
+
+def test_a_slot_updated_after_the_snapshot_but_before_the_lock_still_expires(
+    slots_db: Database,
+):
+    """The ctid join back cannot see a row version newer than the statement's snapshot; the
+    lock follows such an update, so the row is expired by id in the same transaction."""
+    first, moved, *rest = insert_due(slots_db, 4)
+    with slots_db.connect() as conn:
+        conn.execute(SCAN_GATE)
+        conn.execute("insert into public.slot_scan_gate (id) values (%s)", (first,))
+    before = table_state(slots_db)
+    end_before = end_at(slots_db, moved)
+    settings = SessionSettings(
+        statement_timeout_ms=60_000, lock_timeout_ms=60_000, application_name="scan-gated"
+    )
+    connect = configured(
+        lambda: psycopg.connect(slots_db.url, user="slot_scan_job", password="slot-scan-job"),
+        settings,
+    )
+    run = new_run()
+    holder = slots_db.connect(autocommit=True)
+    try:
+        holder.execute("select pg_advisory_lock(%s)", (SCAN_GATE_KEY,))
+        job = Background(
+            lambda: se.run(
+                connect, {"batch_size": 10, "runners": 1}, run.telemetry, run.stop, now=lambda: NOW
+            )
+        )
+        job.start()
+        # the batch statement has its snapshot and waits while reading the oldest slot
+        wait_for(lambda: backends_waiting(slots_db, "advisory", "scan-gated") == 1, "the scan")
+        with slots_db.connect() as other:  # an edit that keeps the slot Available, committed
+            other.execute(
+                "update calendar.availability_slots set end_at = end_at + interval '5 minutes'"
+                " where id = %s",
+                (moved,),
+            )
+        holder.execute("select pg_advisory_unlock(%s)", (SCAN_GATE_KEY,))
+        result = job.result()
+    finally:
+        holder.close()
+
+    after = table_state(slots_db)
+    assert result.expired_count == 4
+    for slot_id in (first, moved, *rest):
+        assert after[slot_id][:3] == ("Expired", before[slot_id][1] + 1, NOW)
+    assert end_at(slots_db, moved) == end_before + timedelta(minutes=5)  # the edit is kept
+
+
+def end_at(db: Database, slot_id):
+    with db.connect() as conn:
+        row = conn.execute(
+            "select end_at from calendar.availability_slots where id = %s", (slot_id,)
+        ).fetchone()
+    return row[0]
