@@ -159,6 +159,18 @@ def test_queries_exist_and_use_bound_parameters_only(name):
     assert "{" not in text
 
 
+def _selection(name: str) -> str:
+    """The batch selection of a query: from the table up to its row lock, whitespace-folded."""
+    text = " ".join(line.split("--")[0].strip() for line in sql.load(name).splitlines())
+    start = text.index("from calendar.availability_slots")
+    end = text.index("for update skip locked") + len("for update skip locked")
+    return " ".join(text[start:end].split())
+
+
+def test_poison_isolation_locks_the_same_selection_as_the_batch():
+    assert _selection("slots/lock_due_slots") == _selection("slots/expire_due_slots")
+
+
 def test_metric_names_are_the_contract():
     assert {
         se.M_CYCLE_DURATION,

@@ -380,7 +380,7 @@ class _Team:
         self.connect, self.cycle, self.telemetry = connect, cycle, telemetry
         self.limits, self.clock, self.runners = limits, clock, runners
         self.halt = StopSignal(parent=stop)  # set by a failing loop; follows the run's stop
-        self.started = 0
+        self.started = 1  # loops started: the first runs on the caller's thread
         self._threads: list[threading.Thread] = []
         self._reasons: list[StopReason] = []
         self._errors: list[BaseException] = []
@@ -388,7 +388,6 @@ class _Team:
 
     def run(self, conn: psycopg.Connection) -> StopReason:
         first = _Runner(1)
-        self.started = 1
 
         def batch(index: int) -> bool:
             full = _run_batch(conn, self.cycle, first, self.telemetry)
