@@ -7,6 +7,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 REQS   := requirements-airflow.txt requirements.txt requirements-dev.txt
+# the scheduler-side distribution (scheduler_plugin/), installed like the Dockerfile installs it
+PLUGIN_STAMP := $(VENV)/.plugin-stamp
+PLUGIN_SRC   := scheduler_plugin/pyproject.toml $(wildcard scheduler_plugin/src/pin_maintenance_plugin/*.py)
 
 export PYTHONPATH := $(CURDIR)
 
@@ -22,32 +25,37 @@ $(STAMP): $(REQS)
 	$(BIN)/python -m pip install --quiet $(addprefix -r ,$(REQS))
 	@touch $@
 
-venv: $(STAMP) ## create .venv from the pinned requirements (done by every target on first use)
+$(PLUGIN_STAMP): $(STAMP) $(PLUGIN_SRC)
+	$(BIN)/python -m pip install --quiet --no-deps --force-reinstall ./scheduler_plugin
+	@rm -rf scheduler_plugin/build scheduler_plugin/src/*.egg-info
+	@touch $@
 
-test: $(STAMP) ## run the whole test suite (unit, integration on real Postgres, DAG runs)
+venv: $(PLUGIN_STAMP) ## create .venv from the pinned requirements (done by every target on first use)
+
+test: $(PLUGIN_STAMP) ## run the whole test suite (unit, integration on real Postgres, DAG runs)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: $(STAMP) ## ruff check + format check
+lint: $(PLUGIN_STAMP) ## ruff check + format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-fix: $(STAMP) ## apply ruff fixes and formatting
+fix: $(PLUGIN_STAMP) ## apply ruff fixes and formatting
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-demo: $(STAMP) ## embedded Postgres + demo data + selections service, run every DAG, print a report
+demo: $(PLUGIN_STAMP) ## embedded Postgres + demo data + selections service, run every DAG, print a report
 	$(BIN)/python -m devtools.demo
 
-up: $(STAMP) ## local Airflow with its UI on the embedded Postgres (Ctrl-C or `make down` stops it)
+up: $(PLUGIN_STAMP) ## local Airflow with its UI on the embedded Postgres (Ctrl-C or `make down` stops it)
 	$(BIN)/python -m devtools.local_airflow up
 
-down: $(STAMP) ## stop everything `make up` started
+down: $(PLUGIN_STAMP) ## stop everything `make up` started
 	$(BIN)/python -m devtools.local_airflow down
 
-bench: $(STAMP) ## benchmarks against the physical limit; writes docs/benchmarks.md
+bench: $(PLUGIN_STAMP) ## benchmarks against the physical limit; writes docs/benchmarks.md
 	$(BIN)/python -m devtools.bench
 
-bench-smoke: $(STAMP) ## the benchmark at tiny sizes (also part of make test)
+bench-smoke: $(PLUGIN_STAMP) ## the benchmark at tiny sizes (also part of make test)
 	$(BIN)/python -m devtools.bench --smoke
 
 clean: ## stop the embedded Postgres, remove .local/ and caches (keeps .venv)

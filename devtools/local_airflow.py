@@ -254,6 +254,35 @@ def stop_groups(procs: Sequence[Proc], *, grace: float = 20.0) -> list[str]:
 # the stack
 
 
+LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
+GIT_BUNDLE = "airflow.providers.git.bundles.git.GitDagBundle"
+ROOT_BUNDLE_NAME = "pin-maintenance"
+
+
+def root_bundle(path: Path = REPO, name: str = ROOT_BUNDLE_NAME) -> dict[str, object]:
+    """The repository root as a ``LocalDagBundle`` (its ``.airflowignore`` keeps it to dags/)."""
+    return {"name": name, "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(path)}}
+
+
+def git_bundle(
+    repo_url: str,
+    *,
+    tracking_ref: str = "main",
+    refresh_interval: int = 300,
+    name: str = ROOT_BUNDLE_NAME,
+) -> dict[str, object]:
+    """The repository root as a ``GitDagBundle`` (apache-airflow-providers-git)."""
+    return {
+        "name": name,
+        "classpath": GIT_BUNDLE,
+        "kwargs": {
+            "repo_url": repo_url,
+            "tracking_ref": tracking_ref,
+            "refresh_interval": refresh_interval,
+        },
+    }
+
+
 @dataclass
 class AirflowStack:
     """Airflow's components plus the local services they talk to, as process groups.
@@ -262,6 +291,11 @@ class AirflowStack:
     ``executor``: "LocalExecutor" or "CeleryExecutor" (then ``broker_url`` and ``celery_workers``).
     ``bundles``: extra DAG folders besides ``dags/`` as {bundle name: path}.
     ``dags_folder``: the ``dags-folder`` bundle's folder instead of the repo's ``dags/``.
+    ``bundle_config``: the whole ``[dag_processor] dag_bundle_config_list`` instead of the two
+    above (e.g. :func:`root_bundle`, or a ``GitDagBundle``).
+    ``repo_on_path``: False runs Airflow as a deployment sees this repository: no ``PYTHONPATH``
+    entry for it, an empty plugins folder, working directory outside it; DAGs and job code then
+    import from their bundle only, the scheduler side from the installed distribution.
     ``components``: the Airflow components to run (a subset of :data:`COMPONENTS`).
     ``webhook_url``: where the ``alerts_webhook`` connection points; None starts a sink.
     ``job_schema``: apply the reference schema to the job database when it lacks it.
@@ -280,6 +314,8 @@ class AirflowStack:
     celery_workers: int = 2
     bundles: Mapping[str, Path] = field(default_factory=dict)
     dags_folder: Path | None = None
+    bundle_config: Sequence[Mapping[str, object]] | None = None
+    repo_on_path: bool = True
     components: Sequence[str] = COMPONENTS
     variables: Mapping[str, object] = field(default_factory=dict)
     extra_env: Mapping[str, str] = field(default_factory=dict)
@@ -361,6 +397,9 @@ class AirflowStack:
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "120",
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps(self._bundle_config()),
+            # bundle clones are kept per bundle *name*, by default under the system temp dir:
+            # one place per Airflow home, or two stacks would share (and mix up) a clone
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_STORAGE_PATH": str(self.home / "dag_bundles"),
             # log servers on free ports: several stacks (other engineers, tests) share a host
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
@@ -368,6 +407,11 @@ class AirflowStack:
         }
         if self.dags_folder is not None:
             extra["AIRFLOW__CORE__DAGS_FOLDER"] = str(self.dags_folder)
+        if not self.repo_on_path:
+            for folder in ("dags", "plugins"):  # nothing of the repository's through these
+                (self.home / folder).mkdir(parents=True, exist_ok=True)
+            extra["AIRFLOW__CORE__DAGS_FOLDER"] = str(self.home / "dags")
+            extra["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(self.home / "plugins")
         if self.executor == "CeleryExecutor":
             if not self.broker_url:
                 raise ValueError("CeleryExecutor needs broker_url (redis://...)")
@@ -390,10 +434,13 @@ class AirflowStack:
             extra=extra,
         )
         # keep what the caller put on PYTHONPATH (e.g. an extra site dir) after the repo
-        paths = [str(REPO)] + [
+        paths = [str(REPO)] if self.repo_on_path else []
+        paths += [
             p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(REPO)
         ]
         env["PYTHONPATH"] = os.pathsep.join(paths)
+        if not paths:
+            del env["PYTHONPATH"]
         self._env = env
         return dict(env)
 
@@ -406,10 +453,11 @@ class AirflowStack:
         return path.read_text().strip()
 
     def _bundle_config(self) -> list[dict]:
-        local = "airflow.dag_processing.bundles.local.LocalDagBundle"
-        bundles = [{"name": "dags-folder", "classpath": local, "kwargs": {}}]
+        if self.bundle_config is not None:
+            return [dict(b) for b in self.bundle_config]
+        bundles = [{"name": "dags-folder", "classpath": LOCAL_BUNDLE, "kwargs": {}}]
         for name, path in self.bundles.items():
-            bundles.append({"name": name, "classpath": local, "kwargs": {"path": str(path)}})
+            bundles.append({"name": name, "classpath": LOCAL_BUNDLE, "kwargs": {"path": str(path)}})
         return bundles
 
     # -- processes ------------------------------------------------------------------------
@@ -422,7 +470,7 @@ class AirflowStack:
             popen = subprocess.Popen(
                 list(args),
                 env=dict(env if env is not None else self.env()),
-                cwd=str(REPO),
+                cwd=str(REPO if self.repo_on_path else self.run_dir),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -705,6 +753,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         port=port,
         variables=variables,
         all_admins=args.no_login,
+        # as deployed: the repository root is the DAG bundle (edits show up on the next parse),
+        # the scheduler side is the installed pin-maintenance-airflow-plugin
+        bundle_config=[root_bundle()],
+        repo_on_path=False,
     )
     stack._write_pid_file({"started_embedded_pg": started_pg, "url": stack.url})
     print(f"metadata: {META_DB}, job tables: {JOB_DB} on {_redact(admin)}")

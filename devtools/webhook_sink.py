@@ -1,7 +1,7 @@
 """A local stand-in for the alerts webhook: logs every JSON POST it receives to a JSONL file.
 
 The ``alerts_webhook`` connection of ``make up`` and of the end-to-end tests points here, so
-alerts sent by the DAGs (``include.pin_airflow.runtime.Notifier``) can be read back:
+alerts sent by the DAGs (``pin_maintenance_plugin.notify.Notifier``) can be read back:
 
     python -m devtools.webhook_sink --port 8787 --out .local/webhook.jsonl
 

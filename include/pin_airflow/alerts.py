@@ -1,7 +1,7 @@
 """The ``task_failed`` failure callback (every DAG's ``DEFAULT_ARGS``).
 
-Alerts go through the one notifier, ``runtime.Notifier``, like the jobs' own alerts and the
-deadline callback.
+Alerts go through the one notifier, ``pin_maintenance_plugin.notify.Notifier``, like the jobs'
+own alerts and the deadline callback.
 
 Airflow calls ``on_failure_callback`` once a task instance has failed for good, i.e. after its
 retries are used up (a failed try that will be retried calls ``on_retry_callback`` instead),
@@ -57,7 +57,7 @@ def task_failed_alert(context: Mapping[str, Any]) -> tuple[str, str, Alert]:
 
 def on_task_failed(context: Mapping[str, Any]) -> None:
     """``on_failure_callback``: one ``task_failed`` alert (log line + webhook)."""
-    from include.pin_airflow.runtime import Notifier  # task time only: keeps parsing light
+    from pin_maintenance_plugin.notify import Notifier  # task time only: keeps parsing light
 
     dag_id, run_id, alert = task_failed_alert(context)
     Notifier(dag_id, run_id).send(alert)

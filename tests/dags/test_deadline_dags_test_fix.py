@@ -2,13 +2,14 @@
 
 apache/airflow#73428 (Airflow 3.3.2): the run succeeds, then ``DagRun.update_state`` fails on
 the in-memory DAG's encoded deadline alerts and the CLI exits 1. The fix is
-plugins/airflow_73428_dags_test_fix.py. The "without" case proves the fix is still needed on
-this Airflow; when it starts exiting 0, upstream fixed the bug: delete the plugin and this file.
+pin_maintenance_plugin.dags_test_fix, installed by the entry-point plugin's ``on_load``. The
+"without" case (the same installed plugin with ``PIN_AIRFLOW_73428_FIX=off``, so the deadline
+reference is still registered) proves the fix is still needed on this Airflow; when it starts
+exiting 0, upstream fixed the bug: delete the fix and this file.
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,16 +18,16 @@ from devtools.pg import Database
 
 pytestmark = pytest.mark.dags
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).resolve().parent / "fixtures_dags" / "deadline"
 NO_JOB_DB = Database(url="postgresql:///unused", name="unused")  # the fixtures touch no DB
 BUG = "'dict' object has no attribute 'hex'"
 
 
-def env(plugins: Path) -> dict[str, str]:
+def env(plugins: Path, *, fix: bool = True) -> dict[str, str]:
     return {
         "AIRFLOW__CORE__DAGS_FOLDER": str(FIXTURES),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(plugins),  # empty: the plugin is the entry point
+        "PIN_AIRFLOW_73428_FIX": "on" if fix else "off",
     }
 
 
@@ -37,8 +38,8 @@ def env(plugins: Path) -> dict[str, str]:
         "pin_fixture_builtin_deadline",  # a builtin DAGRUN_QUEUED_AT reference: the bug is generic
     ],
 )
-def test_dags_test_exits_0_with_the_fix(run_dag, dag_id) -> None:
-    done = run_dag(dag_id, NO_JOB_DB, extra_env=env(REPO / "plugins"))
+def test_dags_test_exits_0_with_the_fix(run_dag, dag_id, tmp_path) -> None:
+    done = run_dag(dag_id, NO_JOB_DB, extra_env=env(tmp_path))
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert BUG not in output
@@ -46,15 +47,12 @@ def test_dags_test_exits_0_with_the_fix(run_dag, dag_id) -> None:
 
 
 def test_dags_test_exits_1_without_the_fix(run_dag, tmp_path) -> None:
-    """Only the deadline-reference plugin, not the fix: the upstream bug shows."""
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    shutil.copy(REPO / "plugins" / "pin_maintenance_plugin.py", plugins)
-    done = run_dag("pin_fixture_deadline", NO_JOB_DB, extra_env=env(plugins))
+    """Only the deadline reference registered, not the fix: the upstream bug shows."""
+    done = run_dag("pin_fixture_deadline", NO_JOB_DB, extra_env=env(tmp_path, fix=False))
     output = done.stdout + done.stderr
     assert done.returncode == 1, (
-        "airflow dags test exited 0 without plugins/airflow_73428_dags_test_fix.py: "
-        "apache/airflow#73428 looks fixed in this Airflow. Delete the fix plugin and its tests."
+        "airflow dags test exited 0 without pin_maintenance_plugin.dags_test_fix: "
+        "apache/airflow#73428 looks fixed in this Airflow. Delete the fix and its tests."
     )
     assert BUG in output
     assert "successful" in output  # the run itself succeeded before the CLI failed

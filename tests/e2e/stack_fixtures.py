@@ -239,6 +239,9 @@ def start_e2e(
     scheduled_runs: bool = True,
     name: str = "e2e",
     extra_env: dict[str, str] | None = None,
+    bundle_config: list[dict] | None = None,
+    repo_on_path: bool = True,
+    webhook_url: str | None = None,
 ) -> E2EAirflow:
     state_dir = tmp / "state"
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -256,6 +259,9 @@ def start_e2e(
         executor=executor,
         redis_server=redis_server,
         bundles={"e2e-test-dags": E2E_DAGS},
+        bundle_config=bundle_config,
+        repo_on_path=repo_on_path,
+        webhook_url=webhook_url,
         extra_env={
             STATE_DIR_ENV: str(state_dir),
             "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(scheduled_runs),

@@ -1,33 +1,40 @@
-"""plugins/airflow_73428_dags_test_fix.py: version gate, decoding, and the upgrade tripwire."""
+"""pin_maintenance_plugin.dags_test_fix: version gate, decoding, and the upgrade tripwire.
+
+The module is the installed distribution's (scheduler_plugin/), as every Airflow process loads it.
+"""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import airflow
 import pytest
 
 from include.pin_airflow.deadlines import deadline_alert
+from pin_maintenance_plugin import dags_test_fix
 
-PLUGIN = Path(__file__).resolve().parents[2] / "plugins" / "airflow_73428_dags_test_fix.py"
 
+@pytest.fixture
+def fix() -> Iterator:
+    """The module on an unpatched ``get_by_id`` (the entry-point plugin may have patched it in
+    this process already), with whatever was there restored afterwards: no test sees another's
+    patch, in any order."""
+    from airflow.models.deadline_alert import DeadlineAlert as DeadlineAlertModel
 
-@pytest.fixture(scope="module")
-def fix():
-    spec = importlib.util.spec_from_file_location("airflow_73428_dags_test_fix", PLUGIN)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    before = DeadlineAlertModel.__dict__["get_by_id"]
+    if dags_test_fix.is_installed():
+        DeadlineAlertModel.get_by_id = classmethod(before.__func__.__wrapped_original__)
+    assert not dags_test_fix.is_installed()
+    yield dags_test_fix
+    DeadlineAlertModel.get_by_id = before
 
 
 def test_tripwire_airflow_upgrade_means_recheck_upstream_fix(fix) -> None:
     assert airflow.__version__ == fix.LAST_AFFECTED_VERSION, (
         f"Airflow is now {airflow.__version__}. Check whether apache/airflow#73430 (fix for "
         "#73428, `airflow dags test` exits 1 with deadline=) is in this release: if it is, "
-        "delete plugins/airflow_73428_dags_test_fix.py and its tests; if not, raise "
+        "delete pin_maintenance_plugin/dags_test_fix.py (scheduler_plugin/) and its tests; "
+        "if not, raise "
         "LAST_AFFECTED_VERSION there (tests/dags/test_deadline_dags_test_fix.py tells you which)."
     )
 
@@ -77,7 +84,12 @@ def test_install_wraps_get_by_id_once_and_decodes_dicts(fix) -> None:
     assert model.reference["variable"] == "user_activity_retention_deadline_seconds"
 
 
-def test_plugin_class_installs_on_load(fix) -> None:
-    assert fix.Airflow73428DagsTestFix.name == "airflow_73428_dags_test_fix"
-    fix.Airflow73428DagsTestFix.on_load()
+def test_plugin_installs_the_fix_on_load_unless_switched_off(fix, monkeypatch) -> None:
+    from pin_maintenance_plugin.plugin import FIX_SWITCH_ENV, PinMaintenancePlugin
+
+    monkeypatch.setenv(FIX_SWITCH_ENV, "off")
+    PinMaintenancePlugin.on_load()
+    assert not fix.is_installed()
+    monkeypatch.delenv(FIX_SWITCH_ENV)
+    PinMaintenancePlugin.on_load()
     assert fix.is_installed()

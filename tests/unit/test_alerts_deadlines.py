@@ -1,4 +1,5 @@
-"""The deadline definition (include/pin_airflow/deadlines.py): tunable interval with a default.
+"""The deadlines: the mechanism in the installed pin_maintenance_plugin.deadlines, the per-DAG
+defaults in the bundle's include/pin_airflow/deadlines.py.
 
 The scheduler-side evaluation is proven end to end in tests/e2e/test_deadline_alerts.py; here:
 the pure fallback rule, the alert's shape, its serialization round trip through Airflow's own
@@ -13,11 +14,10 @@ from datetime import timedelta
 import pytest
 from airflow.sdk import DeadlineAlert, SyncCallback
 
-from include.pin_airflow import deadlines
-from include.pin_airflow.deadlines import (
-    DEFAULT_DEADLINE_SECONDS,
+from include.pin_airflow.deadlines import DEFAULT_DEADLINE_SECONDS, deadline_alert
+from pin_maintenance_plugin import deadlines
+from pin_maintenance_plugin.deadlines import (
     QueuedAtPlusTunableInterval,
-    deadline_alert,
     deadline_missed_alert,
     on_deadline_missed,
     parse_interval_seconds,
@@ -61,7 +61,7 @@ def test_deadline_alert_shape(dag_id) -> None:
     )
     assert alert.interval == timedelta(0)  # the reference carries the interval
     assert isinstance(alert.callback, SyncCallback)
-    assert alert.callback.path == "include.pin_airflow.deadlines.on_deadline_missed"
+    assert alert.callback.path == "pin_maintenance_plugin.deadlines.on_deadline_missed"
     assert alert.callback.kwargs == {
         "variable": f"{dag_id}_deadline_seconds",
         "default_seconds": DEFAULT_DEADLINE_SECONDS[dag_id],
@@ -89,7 +89,7 @@ def test_reference_round_trips_through_airflow_serialization() -> None:
         "reference_type": "QueuedAtPlusTunableInterval",
         "variable": "calendar_slot_expiration_deadline_seconds",
         "default_seconds": 600,
-        "__class_path": "include.pin_airflow.deadlines.QueuedAtPlusTunableInterval",
+        "__class_path": "pin_maintenance_plugin.deadlines.QueuedAtPlusTunableInterval",
     }
     decoded = decode_deadline_alert(encoded)
     assert isinstance(decoded.reference, SerializedReferenceModels.SerializedCustomReference)

@@ -1,4 +1,4 @@
-"""The notifier (runtime.Notifier) against a real loopback webhook.
+"""The notifier (pin_maintenance_plugin.notify.Notifier) against a real loopback webhook.
 
 DESIGN section 4: one greppable WARNING/ERROR line per alert, a JSON POST of
 {"alert","severity","dag_id","run_id","summary","details"} to the http connection
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from devtools.local_airflow import free_port
-from include.pin_airflow import runtime
-from include.pin_airflow.runtime import Notifier
 from include.pin_maintenance.telemetry import Alert
+from pin_maintenance_plugin import notify
+from pin_maintenance_plugin.notify import Notifier
 from tests.e2e.loopback import RecordingWebhook
 
 QUARANTINE = Alert(
@@ -51,7 +51,7 @@ def records() -> Iterator[Records]:
     logger.removeHandler(handler)
 
 
-@pytest.fixture(params=[Notifier], ids=["runtime.Notifier"])
+@pytest.fixture(params=[Notifier], ids=["notify.Notifier"])
 def notifier_class(request) -> type[Notifier]:
     return request.param
 
@@ -146,7 +146,7 @@ def test_unreachable_webhook_is_logged_not_raised(monkeypatch, records, notifier
 
 
 def test_slow_webhook_is_cut_off_by_the_timeout(monkeypatch, records, notifier) -> None:
-    monkeypatch.setattr(runtime, "WEBHOOK_READ_TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(notify, "WEBHOOK_READ_TIMEOUT_SECONDS", 0.3)
     with RecordingWebhook(delay=1.5) as hook:
         use_webhook(monkeypatch, hook.url)
         notifier().send(QUARANTINE)

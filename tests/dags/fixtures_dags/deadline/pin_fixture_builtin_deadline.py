@@ -17,7 +17,7 @@ from include.pin_airflow.dag_support import START_DATE
     deadline=DeadlineAlert(
         reference=DeadlineReference.DAGRUN_QUEUED_AT,
         interval=timedelta(hours=1),
-        callback=SyncCallback("include.pin_airflow.deadlines.on_deadline_missed"),
+        callback=SyncCallback("pin_maintenance_plugin.deadlines.on_deadline_missed"),
     ),
     tags=["pin", "fixture"],
 )

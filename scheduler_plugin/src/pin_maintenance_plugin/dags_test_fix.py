@@ -1,8 +1,8 @@
 """Workaround for apache/airflow#73428: `airflow dags test` exits 1 for any DAG with `deadline=`.
 
-DELETE THIS FILE (and tests/dags/test_deadline_dags_test_fix.py,
-tests/unit/test_alerts_dags_test_fix.py) once the project runs an Airflow release that
-contains apache/airflow#73430.
+DELETE THIS MODULE (its call in :mod:`.plugin`, tests/dags/test_deadline_dags_test_fix.py and
+tests/unit/test_alerts_dags_test_fix.py) once the project runs an Airflow release that contains
+apache/airflow#73430.
 
 The bug (Airflow 3.3.2, read from its source): ``dag.test()`` runs on an in-memory
 ``deserialize(serialize(dag))`` copy whose ``deadline`` is the list of encoded alert dicts,
@@ -18,18 +18,16 @@ The fix here: ``get_by_id`` given a dict returns a transient (never added to a s
 path is untouched. It is installed only on Airflow versions up to :data:`LAST_AFFECTED_VERSION`;
 a unit test fails when Airflow is upgraded past it, so someone re-checks the upstream fix.
 
-Hook point: ``AirflowPlugin.on_load``. ``airflow dags test`` loads plugins (lazily) before the
-failing call: decoding the project's custom deadline reference at DagRun creation needs the
-plugin registry, and the task run itself loads plugins; tests/dags/test_deadline_dags_test_fix.py
-proves it on a DAG with a builtin reference too.
+Hook point: ``PinMaintenancePlugin.on_load`` (:mod:`.plugin`). ``airflow dags test`` loads
+plugins (lazily) before the failing call: decoding the project's custom deadline reference at
+DagRun creation needs the plugin registry, and the task run itself loads plugins;
+tests/dags/test_deadline_dags_test_fix.py proves it on a DAG with a builtin reference too.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
-
-from airflow.plugins_manager import AirflowPlugin
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +73,7 @@ def install() -> bool:
         return original(deadline_alert_id, *args, **kwargs)
 
     setattr(get_by_id, _MARKER, True)
+    get_by_id.__wrapped_original__ = original.__func__  # lets tests undo the patch
     get_by_id.__doc__ = original.__doc__
     wrapped = classmethod(get_by_id)
     DeadlineAlertModel.get_by_id = wrapped
@@ -85,11 +84,3 @@ def is_installed() -> bool:
     from airflow.models.deadline_alert import DeadlineAlert as DeadlineAlertModel
 
     return bool(getattr(DeadlineAlertModel.get_by_id, _MARKER, False))
-
-
-class Airflow73428DagsTestFix(AirflowPlugin):
-    name = "airflow_73428_dags_test_fix"
-
-    @classmethod
-    def on_load(cls, *args: Any, **kwargs: Any) -> None:
-        install()
