@@ -57,10 +57,10 @@ def task_failed_alert(context: Mapping[str, Any]) -> tuple[str, str, Alert]:
 
 def on_task_failed(context: Mapping[str, Any]) -> None:
     """``on_failure_callback``: one ``task_failed`` alert (log line + webhook)."""
-    from pin_maintenance_plugin.notify import Notifier  # task time only: keeps parsing light
+    from include.pin_airflow.scheduler_side import notify  # task time only
 
     dag_id, run_id, alert = task_failed_alert(context)
-    Notifier(dag_id, run_id).send(alert)
+    notify.Notifier(dag_id, run_id).send(alert)
 
 
 def _safe_attr(obj: Any, name: str) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from airflow.sdk import DeadlineAlert
 
-from pin_maintenance_plugin import deadlines as _mechanism
+from include.pin_airflow.scheduler_side import deadlines as _mechanism
 
 # Defaults (seconds from the moment the run is queued), per DAG.
 #

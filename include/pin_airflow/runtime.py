@@ -76,11 +76,11 @@ def telemetry_for(job: str, context: Mapping[str, Any]) -> Telemetry:
     Alerts go through the installed distribution's notifier, the same delivery the deadline
     callback uses on the scheduler side.
     """
-    from pin_maintenance_plugin.notify import Notifier
+    from include.pin_airflow.scheduler_side import notify
 
     run_id = str(context.get("run_id") or "manual")
     return Telemetry(
         log=JobLog(job, run_id),
         metrics=StatsMetrics(),
-        alerts=Notifier(job, run_id),
+        alerts=notify.Notifier(job, run_id),
     )
