@@ -34,7 +34,12 @@ from devtools.slot_data import insert_slots
 from tests.e2e import job_checks as jc
 from tests.e2e.stack_fixtures import E2EAirflow, JobServer, start_e2e, stop_e2e
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.timeout(1200),
+    pytest.mark.skipif(shutil.which("git") is None, reason="needs the git client (GitDagBundle)"),
+]
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = "pin-maintenance"
