@@ -417,6 +417,8 @@ class _Run:
         finally:
             workers.shutdown(wait=True, cancel_futures=True)
             conn.close()
+            if self._in_flight is not None:  # a failure before its outcomes: end its span
+                self._in_flight.span.end()
         self.result.batches = loop.batches
         self.result.stop_reason = str(loop.stop_reason)
         if self.breaker.is_set():
