@@ -55,7 +55,7 @@ import psycopg
 
 from devtools import airflow_env as ae
 from devtools import bench_data as bd
-from devtools import pg
+from devtools import bench_tracing, pg
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_PGDATA = REPO / ".local" / "bench-pg"
@@ -65,11 +65,12 @@ NOTES_MARKER = (
     "<!-- hand-written notes below this line are kept when the bench rewrites the file -->"
 )
 
-SECTIONS = ("retention", "slots", "detach", "parse", "airflow")
+SECTIONS = ("retention", "slots", "detach", "tracing", "parse", "airflow")
 TITLES = {
     "retention": "Retention (user_activity_retention)",
     "slots": "Slot expiration (calendar_slot_expiration)",
     "detach": "Snapshot detach retry (news_snapshot_detach_retry)",
+    "tracing": "Tracing overhead (OpenTelemetry spans on / off)",
     "parse": "DAG parse time",
     "airflow": "Airflow overhead (airflow dags test)",
 }
@@ -339,11 +340,15 @@ def job_child_main(spec_json: str) -> int:
     metrics = RecordingMetrics()
     alerts = LogOnlyAlerts(job_log)
     telemetry = Telemetry(job_log, metrics, alerts)
+    tracer, flush_spans = bench_tracing.child_tracer(spec)  # None unless the tracing section
+    if tracer is not None:
+        telemetry.tracer = tracer
     args, close = _job_args(spec["job"], spec)
     try:
         cpu_before = _cpu_seconds()
         started = time.perf_counter()
         result = module.run(connect, config, telemetry, StopSignal(), *args)
+        flush_spans()
         seconds = time.perf_counter() - started
         cpu = _cpu_seconds() - cpu_before
     finally:
@@ -926,6 +931,9 @@ class Bench:
                 rows,
             )
         )
+
+    def bench_tracing(self, out: list[str]) -> None:
+        bench_tracing.bench_tracing(self, out)
 
     def bench_parse(self, out: list[str]) -> None:
         files = sorted(p for p in (REPO / "dags").glob("*.py") if p.name != "__init__.py")

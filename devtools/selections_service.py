@@ -14,8 +14,9 @@ A real HTTP/1.1 server on loopback (keep-alive, one thread per connection) imple
   ``not_found`` (404), ``rate_limited`` (429 with ``Retry-After``), ``unauthorized`` (401),
   ``forbidden`` (403), ``bad_request`` (400).
 
-Every call is recorded (snapshot id, idempotency key, reason, answer) so tests can assert that a
-snapshot was "called once". In-process use::
+Every call is recorded (snapshot id, idempotency key, reason, answer, the W3C ``traceparent``
+header it carried) so tests can assert that a snapshot was "called once" and which trace
+called. In-process use::
 
     with SelectionsService(latency_ms=20) as svc:
         svc.script(snapshot_id, "error_503", "ok")
@@ -69,6 +70,7 @@ class Call:
     status: int | None  # the answer it gets (None = connection dropped)
     authorized: bool
     at: float
+    traceparent: str | None = None  # W3C trace context the caller sent, as received
 
 
 class SelectionsService:
@@ -227,7 +229,12 @@ class SelectionsService:
         intended = None if behaviour == "drop" else _STATUS.get(behaviour, 200)
         if intended == 200 and reason not in ("BlockReplaced", "PostDeleted"):
             intended = 400
-        self._record(Call(snapshot_id, key, reason, behaviour, intended, authorized, time.time()))
+        traceparent = handler.headers.get("traceparent")
+        self._record(
+            Call(
+                snapshot_id, key, reason, behaviour, intended, authorized, time.time(), traceparent
+            )
+        )
 
         with self._capacity or contextlib.nullcontext():
             if self.latency_ms:

@@ -8,6 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 
 from include.pin_maintenance.config import ConfigError, ConfigSpec
 from include.pin_maintenance.db import Connect, SessionSettings, configured
@@ -83,4 +85,34 @@ def telemetry_for(job: str, context: Mapping[str, Any]) -> Telemetry:
         log=JobLog(job, run_id),
         metrics=StatsMetrics(),
         alerts=notify.Notifier(job, run_id),
+        tracer=job_tracer(),
+        run_attributes=airflow_span_attributes(context),
     )
+
+
+TRACER_NAME = "pin_maintenance"
+
+
+def job_tracer() -> Tracer:
+    """The tracer of the provider Airflow configured (``[traces] otel_on``), else a no-op one.
+
+    Airflow sets the global provider when it starts (``airflow.settings`` -> configure_otel);
+    this module never configures one. With tracing off the API's proxy provider hands out
+    non-recording spans, so nothing is exported.
+    """
+    return trace.get_tracer(TRACER_NAME)
+
+
+def airflow_span_attributes(context: Mapping[str, Any]) -> dict[str, str | int]:
+    """The run span's Airflow ids, under the names Airflow's own ``worker.<task_id>`` uses."""
+    ti = context.get("ti")
+    attributes: dict[str, str | int] = {}
+    for key, value in (
+        ("airflow.dag_id", getattr(ti, "dag_id", None)),
+        ("airflow.dag_run.run_id", context.get("run_id")),
+        ("airflow.task_id", getattr(ti, "task_id", None)),
+        ("airflow.task_instance.try_number", getattr(ti, "try_number", None)),
+    ):
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            attributes[key] = value
+    return attributes

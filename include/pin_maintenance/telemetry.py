@@ -1,18 +1,25 @@
-"""What a job reports: structured log lines, metrics and alerts, behind small interfaces.
+"""What a job reports: structured log lines, metrics, alerts and trace spans.
 
 The job package only knows these protocols. ``include.pin_airflow`` supplies the real sinks
-(Airflow's stats client, the alert notifier with its webhook); tests and the CLI can pass
-:class:`RecordingMetrics` / :class:`LogOnlyAlerts`.
+(Airflow's stats client, the alert notifier with its webhook, the OpenTelemetry tracer Airflow
+configured); tests and the CLI can pass :class:`RecordingMetrics` / :class:`LogOnlyAlerts`.
+The tracer defaults to OpenTelemetry's no-op tracer; the job package never configures a
+tracer provider itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, Protocol
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 Severity = Literal["warning", "critical"]
 
@@ -55,6 +62,9 @@ class JobLog:
     def line(self, event: str, fields: Mapping[str, Any]) -> str:
         parts = [f"event={event}", f"job={self.job}", f"run_id={self.run_id}"]
         parts += [f"{k}={_value(v)}" for k, v in fields.items()]
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:  # logs and traces join on these two
+            parts += [f"trace_id={span.trace_id:032x}", f"span_id={span.span_id:016x}"]
         return " ".join(parts)
 
     def debug(self, event: str, **fields: Any) -> None:
@@ -78,18 +88,115 @@ def _value(v: Any) -> str:
     return json.dumps(text) if (" " in text or "=" in text or text == "") else text
 
 
+_NO_OP = trace.NoOpTracer()
+
+# Span attribute values OpenTelemetry accepts (None is dropped before a span sees it).
+AttrValue = str | bool | int | float
+
+
 @dataclass
 class Telemetry:
-    """Everything a job run reports through: its log, its metrics and its alerts."""
+    """Everything a job run reports through: its log, its metrics, its alerts and its spans.
+
+    ``run_attributes`` are put on the run span as they are (the Airflow glue passes the DAG
+    id, run id, task id and try number under Airflow's own attribute names).
+    """
 
     log: JobLog
     metrics: MetricsSink
     alerts: AlertSink
+    tracer: Tracer = _NO_OP
+    run_attributes: Mapping[str, AttrValue] = field(default_factory=dict)
+
+    def run_span(self, name: str) -> contextlib.AbstractContextManager[Span]:
+        """The span of one job run (current while it is open), carrying the correlation id."""
+        attributes = {"pin.job": self.log.job, "pin.run_id": self.log.run_id}
+        return self.span(name, {**attributes, **self.run_attributes})
+
+    def span(
+        self,
+        name: str,
+        attributes: Mapping[str, AttrValue | None] | None = None,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        context: Context | None = None,
+    ) -> contextlib.AbstractContextManager[Span]:
+        """A current span that records an escaping exception by its class name only."""
+        return _span(self.tracer, name, attributes, kind, context)
 
     @classmethod
-    def local(cls, log: JobLog, metrics: MetricsSink | None = None) -> Telemetry:
-        """Outside Airflow (CLIs, tests): metrics kept in memory, alerts as log lines only."""
-        return cls(log, metrics or RecordingMetrics(), LogOnlyAlerts(log))
+    def local(
+        cls, log: JobLog, metrics: MetricsSink | None = None, tracer: Tracer | None = None
+    ) -> Telemetry:
+        """Outside Airflow (CLIs, tests): metrics kept in memory, alerts as log lines only,
+        spans to ``tracer`` (the no-op tracer when None)."""
+        return cls(log, metrics or RecordingMetrics(), LogOnlyAlerts(log), tracer or _NO_OP)
+
+
+@contextlib.contextmanager
+def _span(
+    tracer: Tracer,
+    name: str,
+    attributes: Mapping[str, AttrValue | None] | None,
+    kind: SpanKind,
+    context: Context | None,
+) -> Iterator[Span]:
+    with tracer.start_as_current_span(
+        name,
+        context=context,
+        kind=kind,
+        attributes=clean_attributes(attributes),
+        record_exception=False,  # the SDK would keep str(exc): it may name a URL or a value
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            yield span
+        except BaseException as exc:
+            record_error(span, type(exc).__name__)
+            raise
+
+
+@contextlib.contextmanager
+def resumed(span: Span) -> Iterator[Span]:
+    """Make an already started ``span`` current again and end it on exit (a pipelined batch:
+    started at its claim, ended once its outcomes are recorded)."""
+    with trace.use_span(
+        span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+    ) as current:
+        try:
+            yield current
+        except BaseException as exc:
+            record_error(current, type(exc).__name__)
+            raise
+
+
+def record_error(span: Span, error_type: str) -> None:
+    """Mark ``span`` failed with an error class or code only, the ``last_error`` rule: no
+    message, credential, header, URL or body ever reaches a span."""
+    if not span.is_recording():
+        return
+    span.set_attribute("error.type", error_type)
+    span.set_status(Status(StatusCode.ERROR, error_type))
+
+
+def clean_attributes(
+    attributes: Mapping[str, AttrValue | None] | None,
+) -> dict[str, AttrValue]:
+    """Drop None values (OpenTelemetry refuses them with a warning per attribute)."""
+    return {k: v for k, v in (attributes or {}).items() if v is not None}
+
+
+def set_result(span: Span, result: Mapping[str, Any], prefix: str = "pin.result.") -> None:
+    """Put a job result's scalar counts and flags on ``span`` (its XCom dict, as is)."""
+    if not span.is_recording():
+        return
+    span.set_attributes(
+        {
+            prefix + key: value
+            for key, value in result.items()
+            if isinstance(value, str | bool | int | float)
+        }
+    )
 
 
 class RecordingMetrics:

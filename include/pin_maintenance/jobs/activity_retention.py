@@ -67,6 +67,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from opentelemetry.trace import Span
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
@@ -90,6 +91,7 @@ from include.pin_maintenance.telemetry import (
     Alert,
     JobLog,
     Telemetry,
+    set_result,
 )
 
 LOCK_NAME = "job:scheduled:activity-retention"
@@ -230,6 +232,20 @@ def prepare(
     ``config`` must come from ``CONFIG.resolve`` (validated). Reads only, takes no lock: the
     delete steps take it, each for itself, because each runs in its own task process.
     """
+    with telemetry.run_span(f"{JOB} prepare") as span:
+        plan = _prepare(connect, config, telemetry, dry_run=dry_run, wall_clock=wall_clock)
+        set_result(span, plan.to_xcom(), "pin.plan.")
+        return plan
+
+
+def _prepare(
+    connect: Connect,
+    config: dict[str, Any],
+    telemetry: Telemetry,
+    *,
+    dry_run: bool,
+    wall_clock: Callable[[], float],
+) -> RunPlan:
     conn = connect()
     try:
         cutoff, deadline_at = conn.execute(
@@ -294,6 +310,21 @@ def delete_step(
     and alerted as ``retention_batch_failed``, and the step raises :class:`BatchFailed`.
     A stop request ends the step between batches and raises :class:`JobCancelled`.
     """
+    with telemetry.run_span(f"{JOB} delete {table}") as span:
+        step = _delete_step(connect, plan, table, telemetry, stop, lock_name=lock_name)
+        set_result(span, step.to_xcom())
+        return step
+
+
+def _delete_step(
+    connect: Connect,
+    plan: RunPlan,
+    table: str,
+    telemetry: Telemetry,
+    stop: StopSignal,
+    *,
+    lock_name: str | None,
+) -> StepResult:
     if table not in TABLES:
         raise ValueError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
     if plan.dry_run:
@@ -383,6 +414,12 @@ class _BatchWalker:
         self._act = sql.load(_COUNT_SQL[table] if plan.dry_run else _DELETE_SQL[table])
 
     def batch(self, index: int) -> bool:
+        attributes = {"pin.batch.index": index, "pin.table": self.table}
+        with self.telemetry.span(f"{JOB} batch", attributes) as span:
+            full = self._batch(index, span)
+        return full
+
+    def _batch(self, index: int, span: Span) -> bool:
         ids: list[uuid.UUID] = []
         try:
             rows = self.conn.execute(
@@ -420,6 +457,15 @@ class _BatchWalker:
             rows=affected,
             dry_run=self.plan.dry_run,
         )
+        if span.is_recording():
+            outcome = "counted" if self.plan.dry_run else "committed"
+            span.set_attributes(
+                {
+                    "pin.batch.sessions": len(ids),
+                    "pin.batch.rows": affected,
+                    "pin.batch.outcome": outcome,
+                }
+            )
         return len(rows) >= self.plan.batch_size
 
     def _fail(self, index: int, ids: Sequence[uuid.UUID], exc: psycopg.Error) -> None:
@@ -469,6 +515,19 @@ def report(
     The run duration is measured on worker wall clocks (``prepare``'s start to now): in the DAG
     the tasks may run on different workers, whose clock skew is small next to a run.
     """
+    with telemetry.run_span(f"{JOB} report") as span:
+        result = _report(plan, steps, telemetry, wall_clock=wall_clock)
+        set_result(span, result.as_dict())
+        return result
+
+
+def _report(
+    plan: RunPlan,
+    steps: Sequence[StepResult],
+    telemetry: Telemetry,
+    *,
+    wall_clock: Callable[[], float],
+) -> RetentionResult:
     by_table = {s.table: s for s in steps}
     result = RetentionResult(
         deleted_sessions=by_table.get("sessions", StepResult("sessions")).rows,
@@ -503,6 +562,18 @@ def run(
     dry_run: bool = False,
 ) -> RetentionResult:
     """One whole run in one process: prepare, the three delete steps under one lock, report."""
+    with telemetry.run_span(f"{JOB} run"):
+        return _run(connect, config, telemetry, stop, dry_run=dry_run)
+
+
+def _run(
+    connect: Connect,
+    config: dict[str, Any],
+    telemetry: Telemetry,
+    stop: StopSignal,
+    *,
+    dry_run: bool,
+) -> RetentionResult:
     plan = prepare(connect, config, telemetry, dry_run=dry_run)
     if dry_run:
         steps = [delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES]

@@ -49,6 +49,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
@@ -69,6 +71,7 @@ from include.pin_maintenance.telemetry import (
     Alert,
     JobLog,
     Telemetry,
+    set_result,
 )
 
 # One statement never runs longer than this; a slow batch is an infrastructure failure.
@@ -92,6 +95,8 @@ ERROR_TEXT_LIMIT = 300
 # Counts (backlog, skipped, dry run) stop here so a huge backlog costs a bounded index range
 # read; the backlog alert fires at 5000, far below.
 COUNT_CAP = 1_000_000
+# A batch span names at most this many of the tenants it touched (plus their count).
+MAX_SPAN_TENANTS = 20
 
 # SQLSTATE classes that mean "the database or our session is unwell", not "this row is bad":
 # connection (08), resources (53), operator intervention incl. statement timeout and shutdown
@@ -273,6 +278,22 @@ def run(
     :class:`JobCancelled` after a clean stop between batches, and the database error after
     rolling back the batch in hand when the database fails.
     """
+    with telemetry.run_span(f"{JOB} run") as span:
+        result = _cycle(connect, config, telemetry, stop, dry_run=dry_run, now=now, clock=clock)
+        set_result(span, result.as_dict())
+        return result
+
+
+def _cycle(
+    connect: Connect,
+    config: Mapping[str, Any],
+    telemetry: Telemetry,
+    stop: StopSignal,
+    *,
+    dry_run: bool,
+    now: Callable[[], datetime],
+    clock: Callable[[], float],
+) -> ExpirationResult:
     values = validate(config)
     log, metrics = telemetry.log, telemetry.metrics
     started = clock()
@@ -349,6 +370,7 @@ def run(
         backlog=backlog,
     )
     if stop_reason is StopReason.CANCELLED:
+        set_result(trace.get_current_span(), result.as_dict())
         raise JobCancelled(f"{JOB}: {stop.reason}; {result.expired_count} slots expired")
     metrics.gauge(M_LAST_SUCCESS, time.time())
     return result
@@ -424,7 +446,8 @@ class _Team:
                 return
             thread = threading.Thread(
                 target=self._side_loop,
-                args=(conn, _Runner(number), limits),
+                # a thread starts with an empty context: its batch spans join the run's span
+                args=(conn, _Runner(number), limits, otel_context.get_current()),
                 name=f"slot-expiration-{number}",
                 daemon=True,
             )
@@ -432,7 +455,15 @@ class _Team:
             self.started += 1
             thread.start()
 
-    def _side_loop(self, conn: psycopg.Connection, runner: _Runner, limits: LoopLimits) -> None:
+    def _side_loop(
+        self,
+        conn: psycopg.Connection,
+        runner: _Runner,
+        limits: LoopLimits,
+        parent: otel_context.Context | None = None,
+    ) -> None:
+        if parent is not None:
+            otel_context.attach(parent)  # this thread's own context, gone with the thread
         try:
             with conn:
 
@@ -487,13 +518,32 @@ def _session(connect: Connect) -> Iterator[psycopg.Connection]:
 def _run_batch(
     conn: psycopg.Connection, cycle: _Cycle, runner: _Runner, telemetry: Telemetry
 ) -> bool:
-    """One batch in one transaction; True when it was full (more may be due)."""
-    params = cycle.params() | {"after": runner.after}
+    """One batch in one transaction (a span); True when it was full (more may be due)."""
+    attributes = {"pin.runner": runner.number}
+    with telemetry.span(f"{JOB} batch", attributes) as span:
+        return _expire_batch(conn, cycle, runner, telemetry, span)
+
+
+def _expire_batch(
+    conn: psycopg.Connection,
+    cycle: _Cycle,
+    runner: _Runner,
+    telemetry: Telemetry,
+    span: trace.Span,
+) -> bool:
+    tracing = span.is_recording()
+    params = cycle.params() | {
+        "after": runner.after,
+        "with_tenants": tracing,
+        "max_tenants": MAX_SPAN_TENANTS,
+    }
+    tenants: list[uuid.UUID] | None = None
+    tenant_count = 0
     poison: list[tuple[uuid.UUID, psycopg.Error]] = []
     try:
         with conn.transaction():
             row = conn.execute(sql.load("slots/expire_due_slots"), params).fetchone()
-            selected, expired, last_start_at, missed = row
+            selected, expired, last_start_at, missed, tenants, tenant_count = row
             if missed:  # see expire_due_slots.sql: updated concurrently before our lock
                 expired += conn.execute(
                     sql.load("slots/expire_slots_by_id"), {"ids": missed, "as_of": cycle.as_of}
@@ -520,6 +570,22 @@ def _run_batch(
     number, found = cycle.batch_done(expired, found)
     for slot in found:
         _report_poison(cycle, slot, telemetry)
+        if tracing:  # seed 002: item failed (SlotId, exception), here its class only
+            error_type = slot.error.split(":", 1)[0]
+            span.add_event("item_failed", {"pin.slot_id": slot.slot_id, "error.type": error_type})
+    if tracing:
+        span.set_attributes(
+            {
+                "pin.batch.index": number,
+                "pin.batch.rows": selected,
+                "pin.batch.expired": expired,
+                "pin.batch.poison": len(poison),
+                "pin.batch.outcome": "isolated" if tenants is None else "committed",
+            }
+        )
+        if tenants is not None:  # the isolating path does not read the tenants
+            span.set_attribute("pin.tenant_ids", sorted(str(t) for t in tenants))
+            span.set_attribute("pin.tenant_count", tenant_count)
     telemetry.log.info(
         "batch_selected", batch=number, runner=runner.number, count=selected, expired=expired
     )

@@ -66,11 +66,18 @@ from enum import StrEnum
 from typing import Any
 
 import psycopg
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span, SpanKind
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.backoff import Backoff
 from include.pin_maintenance.db import Connect, advisory_lock, lock_held_too_long
-from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome, DetachClient
+from include.pin_maintenance.jobs.snapshot_detach_client import (
+    DETACH_PATH,
+    CallOutcome,
+    DetachClient,
+)
 from include.pin_maintenance.jobs.snapshot_detach_config import (  # noqa: F401 (re-exported)
     CONFIG,
     JOB,
@@ -82,7 +89,7 @@ from include.pin_maintenance.runloop import (
     StopSignal,
     run_batches,
 )
-from include.pin_maintenance.telemetry import Alert, Telemetry
+from include.pin_maintenance.telemetry import Alert, Telemetry, record_error, resumed, set_result
 
 LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
 KNOWN_REASONS = frozenset({"BlockReplaced", "PostDeleted"})
@@ -257,6 +264,7 @@ class ClaimedRow:
 class _Batch:
     rows: list[ClaimedRow]
     calls: dict[str, Future]  # row id -> its detach call (rows with a known reason)
+    span: Span = trace.INVALID_SPAN  # from its claim until its outcomes are recorded
 
 
 @dataclass
@@ -338,8 +346,13 @@ class _Run:
         )
         self.breaker = threading.Event()
         self.result = DetachResult()
+        self.span: Span = trace.INVALID_SPAN  # the run's span, once __call__ opened it
 
     def __call__(self, dry_run: bool) -> DetachResult:
+        with self.t.run_span(f"{JOB} run") as self.span:
+            return self._run(dry_run)
+
+    def _run(self, dry_run: bool) -> DetachResult:
         started = self.monotonic()
         self.result.dry_run = dry_run
         self.log.info(
@@ -404,6 +417,8 @@ class _Run:
         finally:
             workers.shutdown(wait=True, cancel_futures=True)
             conn.close()
+            if self._in_flight is not None:  # a failure before its outcomes: end its span
+                self._in_flight.span.end()
         self.result.batches = loop.batches
         self.result.stop_reason = str(loop.stop_reason)
         if self.breaker.is_set():
@@ -416,13 +431,23 @@ class _Run:
             self._settle(conn)
             return False
         in_flight = [r.id for r in self._in_flight.rows] if self._in_flight else []
-        rows = self._claim(conn, in_flight)
+        span = self.t.tracer.start_span(f"{JOB} batch", attributes={"pin.batch.index": index})
+        try:
+            rows = self._claim(conn, in_flight)
+        except BaseException as exc:
+            record_error(span, type(exc).__name__)
+            span.end()
+            raise
+        span.set_attribute("pin.batch.rows", len(rows))
         self.log.info("batch_claimed", batch=index, rows=len(rows))
         self.result.claimed += len(rows)
         calls = [r for r in rows if r.reason in KNOWN_REASONS]
-        batch = _Batch(rows, {r.id: workers.submit(self._call, r) for r in calls})
+        parent = trace.set_span_in_context(span)  # worker threads do not inherit the context
+        batch = _Batch(rows, {r.id: workers.submit(self._call, r, parent) for r in calls}, span)
         self._settle(conn)  # the previous batch, whose calls were queued first
         self._in_flight = batch if rows else None
+        if not rows:
+            span.end()
         full = len(rows) == self.cfg["batch_size"]
         return full and not self.breaker.is_set()
 
@@ -431,16 +456,21 @@ class _Run:
         batch, self._in_flight = self._in_flight, None
         if batch is None:
             return
-        decisions = []
-        for row in batch.rows:
-            if row.reason not in KNOWN_REASONS:
-                decision = Decision(Verdict.QUARANTINE, "UnknownReason")
-            else:
-                decision = classify(
-                    batch.calls[row.id].result(), row.attempts, self.cfg["max_attempts"]
-                )
-            decisions.append((row, decision))
-        self._record(conn, decisions)
+        with resumed(batch.span) as span:
+            decisions = []
+            for row in batch.rows:
+                if row.reason not in KNOWN_REASONS:
+                    decision = Decision(Verdict.QUARANTINE, "UnknownReason")
+                else:
+                    decision = classify(
+                        batch.calls[row.id].result(), row.attempts, self.cfg["max_attempts"]
+                    )
+                decisions.append((row, decision))
+            self._record(conn, decisions)
+            if span.is_recording():
+                for verdict in Verdict:
+                    n = sum(1 for _, d in decisions if d.verdict is verdict)
+                    span.set_attribute(f"pin.batch.outcome.{verdict.value}", n)
 
     def _claim(self, conn: psycopg.Connection, in_flight: list[str]) -> list[ClaimedRow]:
         now = self.now()
@@ -478,10 +508,35 @@ class _Run:
                 )
         return rows
 
-    def _call(self, row: ClaimedRow) -> CallOutcome | None:
-        """Runs on a worker thread: one detach call, or None when we must not call any more."""
+    def _call(self, row: ClaimedRow, parent: Context | None = None) -> CallOutcome | None:
+        """Runs on a worker thread: one detach call, or None when we must not call any more.
+
+        The call is a CLIENT span under ``parent`` (its batch's span); the client sends it to
+        selections as the W3C ``traceparent``.
+        """
         if self.stop.is_set() or self.breaker.is_set():
             return None
+        attributes = {
+            "http.request.method": "POST",
+            "url.template": DETACH_PATH,
+            "pin.snapshot_id": row.snapshot_id,
+            "pin.post_id": row.post_id,
+            "pin.attempts": row.attempts,
+        }
+        with self.t.span(
+            "detach snapshot", attributes, kind=SpanKind.CLIENT, context=parent
+        ) as span:
+            outcome = self._detach(row)
+            if span.is_recording():
+                decision = classify(outcome, row.attempts, self.cfg["max_attempts"])
+                span.set_attribute("pin.outcome", decision.verdict.value)
+                if outcome.status_code is not None:
+                    span.set_attribute("http.response.status_code", outcome.status_code)
+                if decision.verdict is not Verdict.DONE:
+                    record_error(span, str(outcome.status_code or outcome.error_class))
+        return outcome
+
+    def _detach(self, row: ClaimedRow) -> CallOutcome:
         assert self.client is not None  # checked in run()
         try:
             outcome = self.client.call(
@@ -652,6 +707,7 @@ class _Run:
         if success:
             self.t.metrics.gauge(Metric.LAST_SUCCESS, time.time())
         r = self.result
+        set_result(self.span, r.as_dict())
         self.log.info(
             "job_completed",
             succeeded=r.succeeded,

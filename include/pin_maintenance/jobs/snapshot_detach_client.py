@@ -5,6 +5,9 @@ header or a credential, and it never sees a response body. :class:`HttpDetachCli
 ``requests`` implementation used by the CLI and the tests; ``include.pin_airflow.selections``
 builds the same client from Airflow's ``HttpHook`` and the ``selections_api`` connection.
 
+The call carries the current trace context as a W3C ``traceparent`` header (nothing when no
+span is active), so selections' server spans join the job's trace.
+
 What comes back is an :class:`CallOutcome`: an HTTP status code, or the *class name* of the
 transport error (``Timeout``, ``ConnectionError``), plus a parsed ``Retry-After``. Nothing else
 of the exchange is kept, so nothing secret can reach ``last_error`` or a log line.
@@ -21,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 import requests
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from requests.adapters import HTTPAdapter
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -28,6 +32,8 @@ DETACH_PATH = "/internal/snapshots/{snapshot_id}/detach"
 # A Retry-After further away than this is treated as this (a bogus header must not park a row
 # for a year; the operator sees the 429 in last_error anyway).
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
+# W3C Trace Context only: no baggage (it could carry anything) goes to selections
+_TRACE_CONTEXT = TraceContextTextMapPropagator()
 
 
 @dataclass(frozen=True)
@@ -117,11 +123,13 @@ class HttpDetachClient:
         self, snapshot_id: str, reason: str, idempotency_key: str, timeout: float
     ) -> CallOutcome:
         url = self.base_url + DETACH_PATH.format(snapshot_id=snapshot_id)
+        headers = {IDEMPOTENCY_HEADER: idempotency_key}
+        _TRACE_CONTEXT.inject(headers)  # the current (CLIENT) span, when there is one
         try:
             response = self._session().post(
                 url,
                 json={"reason": reason},
-                headers={IDEMPOTENCY_HEADER: idempotency_key},
+                headers=headers,
                 timeout=timeout,
                 allow_redirects=False,  # never follow a redirect with our credentials
             )

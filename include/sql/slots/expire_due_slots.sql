@@ -21,6 +21,9 @@
 -- after this statement's snapshot but before the lock: the lock follows the update to the new
 -- row version, which the ctid fetch under the statement's snapshot cannot see. The caller
 -- expires them by id in the same transaction (expire_slots_by_id.sql, a fresh snapshot).
+-- tenant_ids / tenant_count: the tenants the batch expired, for its trace span (seed 002:
+-- tenantId per item), at most max_tenants named; only read when with_tenants (tracing is on), else
+-- the one-time filter skips them (null, 0).
 with due as materialized (
   select ctid, id, start_at
   from calendar.availability_slots
@@ -38,10 +41,17 @@ expired as (
       updated_at = %(as_of)s,
       version = s.version + 1
   where s.ctid = any(array(select ctid from due))
-  returning s.id
+  returning s.id, s.tenant_id
+),
+tenants as (
+  select distinct tenant_id from expired where %(with_tenants)s::boolean
 )
 select
   (select count(*) from due) as locked,
   (select count(*) from expired) as expired,
   (select max(start_at) from due) as last_start_at,
-  array(select id from due except select id from expired) as missed
+  array(select id from due except select id from expired) as missed,
+  case when %(with_tenants)s::boolean
+    then array(select tenant_id from tenants order by tenant_id limit %(max_tenants)s) end
+    as tenant_ids,
+  (select count(*) from tenants) as tenant_count
