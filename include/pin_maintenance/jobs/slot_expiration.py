@@ -30,7 +30,7 @@ Failures:
 
 Run it without Airflow::
 
-    python -m include.pin_maintenance.jobs.slot_expiration --dsn postgresql:///db [--dry-run]
+    python -m include.pin_maintenance.jobs.slot_expiration --db-url postgresql:///db [--dry-run]
 """
 
 from __future__ import annotations
@@ -697,7 +697,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit codes: 0 done, 2 invalid config (nothing written), 3 cancelled by SIGTERM after a
     clean stop, 1 database failure.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__)
+    # Not __name__: under ``python -m`` that is "__main__" (the usage line must be pasteable).
+    parser = argparse.ArgumentParser(
+        prog="python -m include.pin_maintenance.jobs.slot_expiration",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--db-url", required=True, help="libpq URL of the calendar database")
     parser.add_argument("--config", help='JSON object of config keys, e.g. {"batch_size": 100}')
     parser.add_argument("--dry-run", action="store_true")
