@@ -155,6 +155,8 @@ def test_runbook_command_is_accepted(batch, runbook: str, command: str) -> None:
                 JOB_CONFIGS[key].resolve(value, None)  # the job accepts it (raises otherwise)
             else:
                 assert key.endswith("_deadline_seconds") and float(value) > 0, key
+        if args == ["plugins"]:  # the deadline runbook's check: the project's plugin is loaded
+            assert "pin_maintenance" in done["stdout"], done["stdout"]
         if args[:2] == ["dags", "list-import-errors"]:
             for dag in DAG_IDS:
                 assert f"{dag}.py" not in done["stdout"] + done["stderr"], done
