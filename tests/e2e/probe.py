@@ -25,6 +25,27 @@ def record_event(dag_id: str, event: str, run_id: str, **data: object) -> None:
         f.write(line + "\n")
 
 
+def celery_worker_name() -> str | None:
+    """The ``--celery-hostname`` of the Celery worker this task process runs under, if any.
+
+    Read from the process's ancestors (task process <- supervisor <- the worker's pool child,
+    whose command line is the worker's): the proof of *where* a task ran, which the task
+    instance's ``hostname`` (the machine's name under every executor) cannot give.
+    """
+    import psutil
+
+    proc: psutil.Process | None = psutil.Process()
+    while proc is not None:
+        try:
+            cmdline = proc.cmdline()
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            return None
+        if "celery" in cmdline and "worker" in cmdline and "--celery-hostname" in cmdline:
+            return cmdline[cmdline.index("--celery-hostname") + 1]
+        proc = proc.parent()
+    return None
+
+
 def hold_until_released(dag_id: str, run_id: str, *, timeout: float) -> None:
     record_event(dag_id, "start", run_id, pid=os.getpid())
     gate = state_dir() / f"{dag_id}.release"
