@@ -121,30 +121,6 @@ def is_row_error(sqlstate: str | None) -> bool:
     return sqlstate[:2] not in _INFRASTRUCTURE_CLASSES
 
 
-def bisect_plan(size: int, failing: frozenset[int]) -> tuple[list[int], list[int], int]:
-    """Simulate :func:`_expire_isolating` on ``size`` rows: (good rows, poison rows, statements).
-
-    A pure model of the bisection used by the unit tests: a group that contains a failing row
-    fails as a whole, a single failing row is poison, everything else commits.
-    """
-    good: list[int] = []
-    poison: list[int] = []
-    statements = 0
-    stack = [list(range(size))]
-    while stack:
-        part = stack.pop()
-        statements += 1
-        if not failing.intersection(part):
-            good.extend(part)
-        elif len(part) == 1:
-            poison.append(part[0])
-        else:
-            mid = len(part) // 2
-            stack.append(part[mid:])
-            stack.append(part[:mid])
-    return sorted(good), sorted(poison), statements
-
-
 @dataclass(frozen=True)
 class PoisonSlot:
     slot_id: str
