@@ -3,7 +3,9 @@ defaults in the bundle's include/pin_airflow/deadlines.py.
 
 The scheduler-side evaluation is proven end to end in tests/e2e/test_deadline_alerts.py; here:
 the pure fallback rule, the alert's shape, its serialization round trip through Airflow's own
-encoder/decoder (with the plugin registry) and the callback's payload on a real webhook.
+encoder/decoder (with the plugin registry), the callback's payload on a real webhook, and the
+reference's edge paths: a run without ``queued_at`` (on Airflow's own tables in SQLite) and a
+custom secrets backend that fails (in a subprocess configured like a deployment).
 """
 
 from __future__ import annotations
