@@ -26,23 +26,29 @@ def record_event(dag_id: str, event: str, run_id: str, **data: object) -> None:
 
 
 def celery_worker_name() -> str | None:
-    """The ``--celery-hostname`` of the Celery worker this task process runs under, if any.
+    """The Celery node name of the worker this task process runs under, if any.
 
-    Read from the process's ancestors (task process <- supervisor <- the worker's pool child,
-    whose command line is the worker's): the proof of *where* a task ran, which the task
-    instance's ``hostname`` (the machine's name under every executor) cannot give.
+    Read from the process's ancestors (task process <- supervisor <- the worker's pool child
+    <- the worker): Celery titles its processes ``[celeryd: <node name>:<process>]``, and the
+    worker's own command line carries ``--celery-hostname <node name>``. The proof of *where* a
+    task ran, which the task instance's ``hostname`` (the machine's name under every executor)
+    cannot give.
     """
+    import re
+
     import psutil
 
+    patterns = (r"\[celeryd: ([^:\]\s]+)", r"--celery-hostname[ =](\S+)")
     proc: psutil.Process | None = psutil.Process()
     while proc is not None:
         try:
-            cmdline = proc.cmdline()
-        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            title = " ".join(proc.cmdline())
+            for pattern in patterns:
+                if found := re.search(pattern, title):
+                    return found.group(1)
+            proc = proc.parent()
+        except psutil.Error:
             return None
-        if "celery" in cmdline and "worker" in cmdline and "--celery-hostname" in cmdline:
-            return cmdline[cmdline.index("--celery-hostname") + 1]
-        proc = proc.parent()
     return None
 
 
