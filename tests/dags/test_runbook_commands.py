@@ -46,10 +46,13 @@ def runbook_commands() -> list[tuple[str, str]]:
             joined = re.sub(r"\\\n\s*", "", block)
             found += [(path.name, line.strip()) for line in joined.splitlines() if line.strip()]
         prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        triggered = re.findall(r"airflow dags trigger (\w+)", text)
         for raw in re.findall(r"`([^`]+)`", prose):
             span = re.sub(r"\s+", " ", raw).strip()
             if span.startswith("airflow "):
                 found.append((path.name, span))
+            elif span.startswith("--conf ") and triggered:  # "the same with `--conf '...'`"
+                found.append((path.name, f"airflow dags trigger {triggered[-1]} {span}"))
     return [(name, cmd) for name, cmd in found if not cmd.startswith("#")]
 
 
