@@ -25,6 +25,33 @@ def record_event(dag_id: str, event: str, run_id: str, **data: object) -> None:
         f.write(line + "\n")
 
 
+def celery_worker_name() -> str | None:
+    """The Celery node name of the worker this task process runs under, if any.
+
+    Read from the process's ancestors (task process <- supervisor <- the worker's pool child
+    <- the worker): Celery titles its processes ``[celeryd: <node name>:<process>]``, and the
+    worker's own command line carries ``--celery-hostname <node name>``. The proof of *where* a
+    task ran, which the task instance's ``hostname`` (the machine's name under every executor)
+    cannot give.
+    """
+    import re
+
+    import psutil
+
+    patterns = (r"\[celeryd: ([^:\]\s]+)", r"--celery-hostname[ =](\S+)")
+    proc: psutil.Process | None = psutil.Process()
+    while proc is not None:
+        try:
+            title = " ".join(proc.cmdline())
+            for pattern in patterns:
+                if found := re.search(pattern, title):
+                    return found.group(1)
+            proc = proc.parent()
+        except psutil.Error:
+            return None
+    return None
+
+
 def hold_until_released(dag_id: str, run_id: str, *, timeout: float) -> None:
     record_event(dag_id, "start", run_id, pid=os.getpid())
     gate = state_dir() / f"{dag_id}.release"

@@ -3,7 +3,9 @@ defaults in the bundle's include/pin_airflow/deadlines.py.
 
 The scheduler-side evaluation is proven end to end in tests/e2e/test_deadline_alerts.py; here:
 the pure fallback rule, the alert's shape, its serialization round trip through Airflow's own
-encoder/decoder (with the plugin registry) and the callback's payload on a real webhook.
+encoder/decoder (with the plugin registry), the callback's payload on a real webhook, and the
+reference's edge paths: a run without ``queued_at`` (on Airflow's own tables in SQLite) and a
+custom secrets backend that fails (in a subprocess configured like a deployment).
 """
 
 from __future__ import annotations
@@ -165,3 +167,107 @@ def test_deadlines_module_does_no_io_at_import() -> None:
         if isinstance(node, ast.Call)
     ]
     assert [ast.unparse(c) for c in top_level_calls] == ["logging.getLogger(__name__)"]
+
+
+# --- the scheduler-side evaluation's edge paths ------------------------------------------------
+
+
+@pytest.fixture
+def metadata_session():
+    """A session on a real (in-memory SQLite) database with Airflow's own tables."""
+    from airflow.models import import_all_models
+    from airflow.models.base import Base
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    import_all_models()
+    engine = create_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        yield session
+    engine.dispose()
+
+
+def _add_run(session, run_id: str, queued_at) -> None:
+    from datetime import UTC, datetime
+
+    from airflow.models import DagRun
+    from sqlalchemy import insert
+
+    session.execute(
+        insert(DagRun.__table__).values(
+            dag_id="calendar_slot_expiration",
+            run_id=run_id,
+            run_type="scheduled",
+            queued_at=queued_at,
+            run_after=datetime.now(UTC),
+        )
+    )
+
+
+def test_a_run_without_queued_at_gets_no_deadline_and_others_queued_at_plus_interval(
+    metadata_session, monkeypatch
+) -> None:
+    from datetime import UTC, datetime
+
+    from airflow.models import Variable
+
+    monkeypatch.delenv("AIRFLOW_VAR_CALENDAR_SLOT_EXPIRATION_DEADLINE_SECONDS", raising=False)
+    queued = datetime(2026, 1, 1, 0, 5, 1, tzinfo=UTC)
+    _add_run(metadata_session, "never_queued", None)
+    _add_run(metadata_session, "queued", queued)
+    ref = QueuedAtPlusTunableInterval("calendar_slot_expiration_deadline_seconds", 600)
+
+    def deadline(run_id: str):
+        return ref._evaluate_with(
+            session=metadata_session, dag_id="calendar_slot_expiration", run_id=run_id
+        )
+
+    assert deadline("never_queued") is None  # like Airflow's DAGRUN_QUEUED_AT
+    assert deadline("queued").replace(tzinfo=UTC) == queued + timedelta(seconds=600)
+    # the Variable in the metadata DB, read through the scheduler's own session
+    metadata_session.add(Variable(key="calendar_slot_expiration_deadline_seconds", val="120"))
+    metadata_session.flush()
+    assert deadline("queued").replace(tzinfo=UTC) == queued + timedelta(seconds=120)
+
+
+BROKEN_BACKEND_SCRIPT = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+from pin_maintenance_plugin.deadlines import QueuedAtPlusTunableInterval
+print(QueuedAtPlusTunableInterval("pin_unit_deadline_seconds", 600).interval_seconds())
+"""
+
+
+@pytest.mark.parametrize(("env_value", "expected"), [("42", 42), (None, 600)])
+def test_a_failing_secrets_backend_is_skipped_not_fatal(tmp_path, env_value, expected) -> None:
+    """A custom backend that raises (an outage) is skipped like Airflow skips it: the next
+    backend's value, else the default; never an exception (which would lose the deadline)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_VAR_")}
+    env.update(
+        AIRFLOW_HOME=str(tmp_path),
+        AIRFLOW__SECRETS__BACKEND="tests.unit.broken_secrets_backend.UnreachableSecretsBackend",
+        PYTHONPATH=str(repo),
+    )
+    if env_value is not None:
+        env["AIRFLOW_VAR_PIN_UNIT_DEADLINE_SECONDS"] = env_value
+    done = subprocess.run(
+        [sys.executable, "-c", BROKEN_BACKEND_SCRIPT],
+        env=env,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout.strip().splitlines()[-1]) == expected
+    # Airflow's logging (structlog) may write to stdout or stderr
+    logged = done.stdout + done.stderr
+    assert "deadline variable pin_unit_deadline_seconds: UnreachableSecretsBackend failed" in logged

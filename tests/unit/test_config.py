@@ -42,8 +42,16 @@ def test_none_param_means_not_given():
     assert SPEC.resolve('{"batch_size": 50}', {"batch_size": None})["batch_size"] == 50
 
 
-def test_extra_params_pass_through():
-    assert SPEC.resolve(None, {"dry_run": True})["batch_size"] == 100
+def test_extra_params_are_accepted_from_the_trigger_and_left_out_of_the_config():
+    """``dry_run`` is a per-run param, not a config key: accepted, and it changes nothing."""
+    assert SPEC.resolve(None, {"dry_run": True}) == SPEC.resolve(None, None) == SPEC.defaults
+    values = SPEC.resolve('{"batch_size": 50}', {"dry_run": False, "lock_ttl_seconds": 400})
+    assert values == {"batch_size": 50, "max_run_duration_seconds": 240, "lock_ttl_seconds": 400}
+
+
+def test_an_extra_param_in_the_variable_is_an_unknown_key():
+    with pytest.raises(ConfigError, match=r"unknown config key 'dry_run' = True \(from Variable"):
+        SPEC.resolve('{"dry_run": true}', None)
 
 
 def test_int_accepted_for_float_key_and_kept_numeric():

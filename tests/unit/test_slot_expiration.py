@@ -1,4 +1,8 @@
-"""Pure rules of the slot-expiration job: config, error classification, bisection, result."""
+"""Pure rules of the slot-expiration job: config, error classification, result.
+
+The poison isolation itself is measured on a real Postgres
+(tests/integration/test_slot_expiration_branches.py).
+"""
 
 from __future__ import annotations
 
@@ -103,26 +107,6 @@ def test_validate_rejects_bad_configs_naming_the_key(config, key):
 )
 def test_error_classification(sqlstate, row_error, why):
     assert se.is_row_error(sqlstate) is row_error, why
-
-
-@pytest.mark.parametrize(
-    ("size", "failing", "max_statements"),
-    [
-        (1, set(), 1),
-        (500, set(), 1),
-        (1, {0}, 1),
-        (500, {0}, 19),
-        (500, {499}, 19),
-        (500, {250}, 19),
-        (500, {3, 400}, 37),
-        (8, set(range(8)), 15),  # everything fails: 2n - 1
-    ],
-)
-def test_bisection_isolates_exactly_the_failing_rows(size, failing, max_statements):
-    good, poison, statements = se.bisect_plan(size, frozenset(failing))
-    assert poison == sorted(failing)
-    assert good == sorted(set(range(size)) - failing)
-    assert statements <= max_statements
 
 
 def test_result_dict_carries_the_seed_fields():

@@ -30,7 +30,7 @@ Failures:
 
 Run it without Airflow::
 
-    python -m include.pin_maintenance.jobs.slot_expiration --dsn postgresql:///db [--dry-run]
+    python -m include.pin_maintenance.jobs.slot_expiration --db-url postgresql:///db [--dry-run]
 """
 
 from __future__ import annotations
@@ -119,30 +119,6 @@ def is_row_error(sqlstate: str | None) -> bool:
     if sqlstate in _INFRASTRUCTURE_STATES:
         return False
     return sqlstate[:2] not in _INFRASTRUCTURE_CLASSES
-
-
-def bisect_plan(size: int, failing: frozenset[int]) -> tuple[list[int], list[int], int]:
-    """Simulate :func:`_expire_isolating` on ``size`` rows: (good rows, poison rows, statements).
-
-    A pure model of the bisection used by the unit tests: a group that contains a failing row
-    fails as a whole, a single failing row is poison, everything else commits.
-    """
-    good: list[int] = []
-    poison: list[int] = []
-    statements = 0
-    stack = [list(range(size))]
-    while stack:
-        part = stack.pop()
-        statements += 1
-        if not failing.intersection(part):
-            good.extend(part)
-        elif len(part) == 1:
-            poison.append(part[0])
-        else:
-            mid = len(part) // 2
-            stack.append(part[mid:])
-            stack.append(part[:mid])
-    return sorted(good), sorted(poison), statements
 
 
 @dataclass(frozen=True)
@@ -697,7 +673,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit codes: 0 done, 2 invalid config (nothing written), 3 cancelled by SIGTERM after a
     clean stop, 1 database failure.
     """
-    parser = argparse.ArgumentParser(prog=f"python -m {__name__}", description=__doc__)
+    # Not __name__: under ``python -m`` that is "__main__" (the usage line must be pasteable).
+    parser = argparse.ArgumentParser(
+        prog="python -m include.pin_maintenance.jobs.slot_expiration",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--db-url", required=True, help="libpq URL of the calendar database")
     parser.add_argument("--config", help='JSON object of config keys, e.g. {"batch_size": 100}')
     parser.add_argument("--dry-run", action="store_true")

@@ -31,7 +31,11 @@ from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetr
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="snapshot_detach_cli", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m include.pin_maintenance.jobs.snapshot_detach_cli",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--db-url", required=True)
     parser.add_argument("--selections-url", required=True)
     parser.add_argument("--login", default=None)

@@ -38,7 +38,7 @@ def e2e_params():
     @task(execution_timeout=timedelta(minutes=5))
     def record(**context) -> None:
         """Append this run's params and conf to ``$PIN_E2E_STATE_DIR/e2e_params.jsonl``."""
-        from tests.e2e.probe import record_event
+        from tests.e2e.probe import celery_worker_name, record_event
 
         record_event(
             "e2e_params",
@@ -46,6 +46,7 @@ def e2e_params():
             context["run_id"],
             params=dict(context["params"]),
             conf=dict(context["dag_run"].conf or {}),
+            celery_worker=celery_worker_name(),
         )
 
     record()

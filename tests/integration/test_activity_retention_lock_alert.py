@@ -1,0 +1,89 @@
+"""Retention's lock-busy path on a real Postgres: a stuck holder raises ``lock_held_too_long``.
+
+A holder that has kept the job's advisory lock longer than ``max_run_duration_seconds`` (a
+whole bounded run) is a stuck worker or a stray session: the skipping task alerts with its pid.
+A holder younger than that is a run in progress: the task skips quietly (warning + metric).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import psycopg
+import pytest
+
+from include.pin_maintenance.db import configured, lock_key
+from include.pin_maintenance.jobs import activity_retention as job
+from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
+
+pytestmark = pytest.mark.integration
+
+
+def _holder(db) -> psycopg.Connection:
+    conn = psycopg.connect(db.url)
+    conn.execute("select set_config('application_name', 'stuck-retention-worker', false)")
+    conn.commit()
+    conn.execute("select pg_advisory_xact_lock(%s)", (lock_key(job.LOCK_NAME),))
+    return conn  # transaction left open: the lock is held until it ends
+
+
+def _held_seconds(db, pid: int) -> float:
+    with db.connect() as conn:
+        row = conn.execute(
+            "select extract(epoch from clock_timestamp() - xact_start)::float8"
+            " from pg_stat_activity where pid = %s",
+            (pid,),
+        ).fetchone()
+    return float(row[0])
+
+
+def _eligible_session(db) -> uuid.UUID:
+    sid = uuid.uuid4()
+    with db.connect() as conn:
+        conn.execute(
+            "insert into user_activity.sessions (id, status, started_at, last_activity_at,"
+            " ended_at, created_at) values (%s, 'Inactive', now() - interval '900 days',"
+            " now() - interval '900 days', now() - interval '800 days',"
+            " now() - interval '900 days')",
+            (sid,),
+        )
+    return sid
+
+
+@pytest.mark.parametrize("stuck", [True, False], ids=["stuck-holder", "run-in-progress"])
+def test_a_busy_lock_skips_the_step_and_alerts_only_a_stuck_holder(db, stuck: bool) -> None:
+    _eligible_session(db)
+    limit = 1.0 if stuck else 600.0
+    connect = configured(lambda: psycopg.connect(db.url), job.SESSION_SETTINGS)
+    metrics = RecordingMetrics()
+    telemetry = Telemetry.local(JobLog(job.JOB, "lock-test"), metrics)
+    plan = job.prepare(
+        connect, job.CONFIG.resolve(None, {"max_run_duration_seconds": limit}), telemetry
+    )
+    holder = _holder(db)
+    try:
+        pid = holder.info.backend_pid
+        deadline = time.monotonic() + 30
+        while stuck and _held_seconds(db, pid) <= limit:  # let the holder age past the limit
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+        step = job.delete_step(connect, plan, "action_events", telemetry, StopSignal())
+    finally:
+        holder.close()
+
+    assert step.lock_skipped and step.rows == 0
+    assert metrics.counters["activity_retention_lock_contention_total"] == 1
+    if stuck:
+        [alert] = telemetry.alerts.sent
+        assert alert.name == "lock_held_too_long"
+        assert alert.details["pid"] == pid
+        assert alert.details["application_name"] == "stuck-retention-worker"
+        assert alert.details["held_seconds"] >= 1 and alert.details["limit_seconds"] == limit
+        assert alert.details["lock"] == job.LOCK_NAME
+    else:
+        assert telemetry.alerts.sent == []
+    with db.connect() as conn:  # nothing deleted by the skipped step
+        assert conn.execute("select count(*) from user_activity.sessions").fetchone()[0] == 1

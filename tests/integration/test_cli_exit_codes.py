@@ -1,0 +1,103 @@
+"""The job CLIs as the README shows them: usage names the module, exit codes mean what they say.
+
+Run as subprocesses (``python -m ...``), exactly as pasted; the database is the test's own.
+Exit code 1 = the database failed (slots: unreachable server; retention: a batch the database
+rejects), nothing else done.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+README_MODULES = sorted(
+    set(
+        re.findall(
+            r"python -m (include\.pin_maintenance\.jobs\.\w+)", (REPO / "README.md").read_text()
+        )
+    )
+)
+
+
+def cli(module: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
+
+
+def test_readme_shows_the_three_job_clis() -> None:
+    assert len(README_MODULES) == 3, README_MODULES
+
+
+@pytest.mark.parametrize("module", README_MODULES)
+def test_help_names_the_module_to_run(module: str) -> None:
+    done = cli(module, "--help")
+    assert done.returncode == 0, done.stderr
+    assert re.match(rf"usage: python -m {re.escape(module)}\s", done.stdout), done.stdout[:200]
+    assert "--db-url" in done.stdout
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as s:  # a port the OS just handed out and nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"postgresql://nobody@127.0.0.1:{port}/nowhere?connect_timeout=5"
+
+
+def test_slot_cli_exits_1_when_the_database_fails() -> None:
+    done = cli("include.pin_maintenance.jobs.slot_expiration", "--db-url", _closed_port_url())
+    assert done.returncode == 1, done.stderr
+    assert "event=cycle_started" in done.stderr
+    assert done.stdout == ""  # no result printed
+
+
+def test_slot_cli_exits_2_on_a_bad_config_before_connecting() -> None:
+    done = cli(
+        "include.pin_maintenance.jobs.slot_expiration",
+        "--db-url",
+        _closed_port_url(),
+        "--config",
+        '{"batch_size": 0}',
+    )
+    assert done.returncode == 2
+    assert "batch_size" in done.stderr
+
+
+def test_retention_cli_exits_1_on_a_failed_batch(db) -> None:
+    with db.connect() as conn:
+        conn.execute(
+            "create table user_activity.session_notes (id uuid primary key, session_id uuid not"
+            " null references user_activity.sessions (id) on delete restrict)"
+        )
+        sid = uuid.uuid4()
+        conn.execute(
+            "insert into user_activity.sessions (id, status, started_at, last_activity_at,"
+            " ended_at, created_at) values (%s, 'Inactive', now() - interval '900 days',"
+            " now() - interval '900 days', now() - interval '800 days',"
+            " now() - interval '900 days')",
+            (sid,),
+        )
+        conn.execute("insert into user_activity.session_notes values (%s, %s)", (uuid.uuid4(), sid))
+    done = cli("include.pin_maintenance.jobs.activity_retention", "--db-url", db.url)
+    assert done.returncode == 1, done.stderr
+    assert "BatchFailed: sessions: batch 0 (1 sessions" in done.stderr
+    assert "event=batch_failed" in done.stderr
+    assert done.stdout == ""
+    with db.connect() as conn:
+        left = conn.execute("select count(*) from user_activity.sessions").fetchone()[0]
+    assert left == 1  # rolled back, nothing half-done
