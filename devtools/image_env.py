@@ -114,6 +114,10 @@ def _install_local_distributions(venv: Path) -> None:
     # dependencies must already be in the requirements, as in the image.
     paths = [str(d) for d in dists]
     _pip(venv, ["install", "--quiet", "--no-deps", "--force-reinstall", *paths], "install plugins")
+    for dist in dists:  # setuptools builds in the source tree (the Makefile cleans up alike)
+        shutil.rmtree(dist / "build", ignore_errors=True)
+        for info in dist.rglob("*.egg-info"):
+            shutil.rmtree(info, ignore_errors=True)
     _pip(venv, ["check"], "check the installed dependencies")
     stamp.write_text(wanted + "\n")
 
