@@ -34,6 +34,11 @@ for the run and no row loses an attempt. Unknown `reason` -> Quarantined (`Unkno
 without a call. Rows with an unknown status are never selected.
 
 **Runbook.**
+- *Dry run first, from the UI*: trigger with `dry_run` on and, when the DAG is paused,
+  **untick "Unpause news_snapshot_detach_retry on trigger"**: unpausing starts its latest scheduled
+  tick at once, a real run ahead of the dry run (`catchup=False`; Airflow's `run_immediately`
+  does not change that).
+  `airflow dags trigger news_snapshot_detach_retry --conf '{"dry_run": true}'` never unpauses.
 - *pending / oldest_age_seconds grow*: check the selections internal API (5xx of its client,
   `last_error` of Pending rows); once it is back the backlog drains by itself.
 - *quarantined_total > 0*: read `last_error` of the Quarantined rows; after fixing the cause,
@@ -81,7 +86,7 @@ NEWS_DB_CONN_ID = "news_db"
 def news_snapshot_detach_retry():
     # The run stops starting batches after max_run_duration_seconds (default 240 s); the
     # timeout only catches a hung worker.
-    @task(execution_timeout=timedelta(minutes=30))
+    @task(execution_timeout=timedelta(minutes=30), multiple_outputs=False)
     def detach_pending_snapshots() -> dict:
         """Claim due outbox rows, call selections detach, record each outcome (bounded run)."""
         from airflow.sdk import get_current_context
