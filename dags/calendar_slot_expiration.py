@@ -34,11 +34,12 @@ waits for the next cycle), `dry_run` (count what would expire, change nothing).
 `_last_success_timestamp_seconds`.
 
 **Runbook.**
-- *Dry run first, from the UI*: trigger with `dry_run` on and, when the DAG is paused,
-  **untick "Unpause calendar_slot_expiration on trigger"**: unpausing starts its latest scheduled
-  tick at once, a real run ahead of the dry run (`catchup=False`; Airflow's `run_immediately`
-  does not change that).
-  `airflow dags trigger calendar_slot_expiration --conf '{"dry_run": true}'` never unpauses.
+- *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
+  cycle, `max_active_runs=1`). A **paused** DAG runs nothing until it is unpaused, and
+  unpausing it (the trigger dialog's "Unpause <dag> on trigger" is ticked by default) starts
+  its latest scheduled tick at once, a real run ahead of the dry run (`catchup=False`;
+  `run_immediately` does not change that). Preview a paused DAG in-process instead (one run,
+  the DAG stays paused): `airflow dags test calendar_slot_expiration --conf '{"dry_run": true}'`.
 - *Backlog grows / `_backlog` > 5000 for long*: check the task log's `cycle_completed` line.
   `stop_reason=max_duration` every cycle means the job falls behind: raise
   `max_run_duration_seconds`, `runners` or `batch_size` in the Variable; check the `calendar_db`

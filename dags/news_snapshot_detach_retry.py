@@ -34,11 +34,12 @@ for the run and no row loses an attempt. Unknown `reason` -> Quarantined (`Unkno
 without a call. Rows with an unknown status are never selected.
 
 **Runbook.**
-- *Dry run first, from the UI*: trigger with `dry_run` on and, when the DAG is paused,
-  **untick "Unpause news_snapshot_detach_retry on trigger"**: unpausing starts its latest scheduled
-  tick at once, a real run ahead of the dry run (`catchup=False`; Airflow's `run_immediately`
-  does not change that).
-  `airflow dags trigger news_snapshot_detach_retry --conf '{"dry_run": true}'` never unpauses.
+- *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
+  cycle, `max_active_runs=1`). A **paused** DAG runs nothing until it is unpaused, and
+  unpausing it (the trigger dialog's "Unpause <dag> on trigger" is ticked by default) starts
+  its latest scheduled tick at once, a real run ahead of the dry run (`catchup=False`;
+  `run_immediately` does not change that). Preview a paused DAG in-process instead (one run,
+  the DAG stays paused): `airflow dags test news_snapshot_detach_retry --conf '{"dry_run": true}'`.
 - *pending / oldest_age_seconds grow*: check the selections internal API (5xx of its client,
   `last_error` of Pending rows); once it is back the backlog drains by itself.
 - *quarantined_total > 0*: read `last_error` of the Quarantined rows; after fixing the cause,

@@ -34,11 +34,12 @@ the key, its value and the allowed range.
 `DeletedActionEvents`, `BatchesProcessed`, `HasMore`, `DryRun`.
 
 **Runbook.**
-- *Dry run first, from the UI*: trigger with `dry_run` on and, when the DAG is paused,
-  **untick "Unpause user_activity_retention on trigger"**: unpausing starts its latest scheduled
-  tick at once, a real run ahead of the dry run (`catchup=False`; Airflow's `run_immediately`
-  does not change that).
-  `airflow dags trigger user_activity_retention --conf '{"dry_run": true}'` never unpauses.
+- *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
+  cycle, `max_active_runs=1`). A **paused** DAG runs nothing until it is unpaused, and
+  unpausing it (the trigger dialog's "Unpause <dag> on trigger" is ticked by default) starts
+  its latest scheduled tick at once, a real run ahead of the dry run (`catchup=False`;
+  `run_immediately` does not change that). Preview a paused DAG in-process instead (one run,
+  the DAG stays paused): `airflow dags test user_activity_retention --conf '{"dry_run": true}'`.
 - *Backlog grows* (`activity_retention_eligible_backlog` up several days in a row, or `HasMore`
   every night): raise `batch_size` / `max_batches_per_run` in the Variable; check table sizes
   and autovacuum on `user_activity`.

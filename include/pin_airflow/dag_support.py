@@ -59,12 +59,14 @@ def _schema(setting: Setting) -> dict[str, Any]:
 # a canonical uuid, any case. The task normalizes and checks again (the CLI's --conf too).
 UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
 
-# Shown under every dry_run switch of the trigger form (Airflow 3.3.2's dialog ticks "Unpause
-# <dag> on trigger" by default, and an unpaused catchup=False DAG runs its latest tick at once).
+# Shown under every dry_run switch of the trigger form. Airflow 3.3.2: a paused DAG's runs stay
+# queued until it is unpaused; the dialog's "Unpause <dag> on trigger" (ticked by default) and
+# any unpause make the scheduler start the latest missed tick at once (catchup=False), a real
+# run ahead of the dry run. `airflow dags test` runs once in-process and ignores the pause.
 DRY_RUN_HELP = (
-    "Report what the run would change and change nothing. On a paused DAG, untick "
-    "'Unpause on trigger' first: unpausing starts the latest scheduled tick at once, "
-    "as a real run, before this one."
+    "Report what the run would change and change nothing. Paused DAG? Unpausing it (also "
+    "'Unpause on trigger') first starts its latest scheduled tick as a real run; preview a "
+    "paused DAG with: airflow dags test <dag_id> --conf '{\"dry_run\": true}'."
 )
 
 

@@ -116,12 +116,13 @@ def test_flags_default_false_and_are_not_marked_required(dagbag, dag_id):
     for name, schema in flags.items():
         assert set(schema["type"]) == {"boolean", "null"}, name
         assert dagbag.dags[dag_id].params[name] is False, name
-    assert "Unpause on trigger" in dagbag.dags[dag_id].params.get_param("dry_run").description
+    help_text = dagbag.dags[dag_id].params.get_param("dry_run").description
+    assert "Unpause on trigger" in help_text and "airflow dags test" in help_text
 
 
 @pytest.mark.parametrize("dag_id", sorted(d for d, (cron, _) in EXPECTED.items() if cron))
 def test_unpausing_runs_the_latest_missed_tick(dagbag, dag_id):
-    """Why each doc says "untick Unpause on trigger" for a dry run: with catchup=False the
+    """Why each doc says to preview a paused DAG with `airflow dags test`: with catchup=False the
     timetable of Airflow 3.3.2 always offers the latest past tick, whatever run_immediately is
     (it only applies to a DAG without start_date). Fails when Airflow changes that, so the docs
     can be revised."""
