@@ -31,7 +31,9 @@ would be deleted; delete nothing). An invalid value fails `prepare` before any d
 the key, its value and the allowed range.
 
 **Result** (XCom of `report`): `DeletedSessions`, `DeletedPropertyObjectViews`,
-`DeletedActionEvents`, `BatchesProcessed`, `HasMore`, `DryRun`.
+`DeletedActionEvents`, `BatchesProcessed`, `HasMore`, `DryRun`; a dry run reports 0 deleted
+and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectViews`,
+`WouldDeleteActionEvents`.
 
 **Runbook.**
 - *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
