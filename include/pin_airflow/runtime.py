@@ -54,7 +54,7 @@ def refuse(exc: ConfigError) -> InvalidConfig:
 
     Raise the result ``from None``: nothing was written yet, so there is nothing to retry.
     """
-    log.error("bad input, nothing was changed: %s", exc)
+    log.error("refused bad input: %s", exc)
     return InvalidConfig(str(exc))
 
 
