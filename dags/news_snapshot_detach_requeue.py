@@ -17,7 +17,7 @@ An id that is not a uuid is refused by the trigger form and the REST API before 
 (the param's schema). Neither or both choices (the form cannot tell) fail the run at once, before
 touching anything, with one line that names the problem; as bad input of a manual run it raises
 `task_failed` as a warning, not a critical page. The task's return value (XCom) and log report
-the count (`RequeuedCount`, or `WouldRequeueCount` on a dry run) and the first 100 snapshot ids
+the count (RequeuedCount, or WouldRequeueCount on a dry run) and the first 100 snapshot ids
 moved, plus the requested ids that did not move and their status.
 
 **Safe to rerun?** Yes: only `Quarantined` rows move, so a second run finds nothing to do.

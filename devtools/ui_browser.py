@@ -266,6 +266,10 @@ class AirflowUI:
         self.page.get_by_text(expect, exact=False).first.wait_for(timeout=60_000)
         return self.body_text()
 
+    def wrap_log_lines(self) -> None:
+        """Wrap the log viewer's long lines (its "w" shortcut), so a report line reads whole."""
+        self.page.locator("body").press("w")
+
     def screenshot(self, path: Path, *, full_page: bool = False) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.page.screenshot(path=str(path), full_page=full_page)
