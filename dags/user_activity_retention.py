@@ -59,6 +59,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pendulum
 from airflow.sdk import CronTriggerTimetable, dag, task
 
 from include.pin_airflow.dag_support import (
@@ -95,7 +96,7 @@ def _delete(table: str, plan: dict[str, Any], context: dict[str, Any]) -> dict[s
     dag_id=JOB,
     # The zone on the timetable itself, not through start_date: the start date then reads
     # 2026-01-01 00:00 in the UI's Details (a Moscow start date showed as 2025-12-31 21:00).
-    schedule=CronTriggerTimetable("0 3 * * *", timezone="Europe/Moscow"),
+    schedule=CronTriggerTimetable("0 3 * * *", timezone=pendulum.timezone("Europe/Moscow")),
     start_date=START_DATE,
     description="Nightly 03:00 Europe/Moscow (00:00 UTC): delete Inactive sessions older "
     "than retention_period_days with their views and events.",
