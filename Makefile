@@ -13,7 +13,7 @@ PLUGIN_SRC   := scheduler_plugin/pyproject.toml $(wildcard scheduler_plugin/src/
 
 export PYTHONPATH := $(CURDIR)
 
-.PHONY: help venv test lint fix demo up down bench bench-smoke clean
+.PHONY: help venv test lint fix demo up down screenshots bench bench-smoke clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -51,6 +51,9 @@ up: $(PLUGIN_STAMP) ## local Airflow with its UI on the embedded Postgres (Ctrl-
 
 down: $(PLUGIN_STAMP) ## stop everything `make up` started
 	$(BIN)/python -m devtools.local_airflow down
+
+screenshots: $(PLUGIN_STAMP) ## the make-up UI in headless Chromium: docs/screenshots/*.png
+	$(BIN)/python -m devtools.screenshots
 
 bench: $(PLUGIN_STAMP) ## benchmarks against the physical limit; writes docs/benchmarks.md
 	$(BIN)/python -m devtools.bench

@@ -34,6 +34,12 @@ waits for the next cycle), `dry_run` (count what would expire, change nothing).
 `_last_success_timestamp_seconds`.
 
 **Runbook.**
+- *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
+  cycle, `max_active_runs=1`). A **paused** DAG runs nothing until it is unpaused, and
+  unpausing it (the trigger dialog's "Unpause <dag> on trigger" is ticked by default) starts
+  its latest scheduled tick at once, a real run ahead of the dry run (`catchup=False`;
+  `run_immediately` does not change that). Preview a paused DAG in-process instead (one run,
+  the DAG stays paused): `airflow dags test calendar_slot_expiration --conf '{"dry_run": true}'`.
 - *Backlog grows / `_backlog` > 5000 for long*: check the task log's `cycle_completed` line.
   `stop_reason=max_duration` every cycle means the job falls behind: raise
   `max_run_duration_seconds`, `runners` or `batch_size` in the Variable; check the `calendar_db`
@@ -85,7 +91,7 @@ from include.pin_maintenance.jobs.slot_expiration_config import CONFIG, CONN_ID,
 def calendar_slot_expiration():
     # A cycle is bounded by max_run_duration_seconds (default 30 s) plus one batch statement
     # (statement_timeout 30 s); the timeout is only the backstop for a hung connection.
-    @task(execution_timeout=timedelta(minutes=10))
+    @task(execution_timeout=timedelta(minutes=10), multiple_outputs=False)
     def expire_slots(**context) -> dict:
         """Run one expiration cycle; return {ExpiredCount, SkippedLockedCount, DurationMs, ...}."""
         from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for

@@ -13,9 +13,12 @@ next run. `last_error` keeps the old cause, prefixed with `requeued:`. Nothing e
 - `all_quarantined`: `true` to requeue every Quarantined row;
 - `dry_run`: `true` lists what would move and changes nothing. Try it first.
 
-A run with neither or both choices, or with an invalid uuid, fails before touching anything and
-says why. The task's return value (XCom) and log report the count and the first 100 snapshot
-ids moved, plus the requested ids that did not move and their status.
+An id that is not a uuid is refused by the trigger form and the REST API before a run exists
+(the param's schema). Neither or both choices (the form cannot tell) fail the run at once, before
+touching anything, with one line that names the problem; as bad input of a manual run it raises
+`task_failed` as a warning, not a critical page. The task's return value (XCom) and log report
+the count (RequeuedCount, or WouldRequeueCount on a dry run) and the first 100 snapshot ids
+moved, plus the requested ids that did not move and their status.
 
 **Safe to rerun?** Yes: only `Quarantined` rows move, so a second run finds nothing to do.
 No lock is needed: the retry DAG never selects Quarantined rows and its outcome updates only
@@ -26,9 +29,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 
-from include.pin_airflow.dag_support import DEFAULT_ARGS, START_DATE, dry_run_param
+from include.pin_airflow.dag_support import (
+    DEFAULT_ARGS,
+    START_DATE,
+    dry_run_param,
+    flag_param,
+    uuid_list_param,
+)
 
 NEWS_DB_CONN_ID = "news_db"
 
@@ -41,18 +50,15 @@ NEWS_DB_CONN_ID = "news_db"
     max_active_runs=1,  # two requeues at once would only race over the same rows' report
     default_args={**DEFAULT_ARGS, "retries": 0},  # a person triggers it and reads the result
     params={
-        "snapshot_ids": Param(
-            None,
-            type=["null", "array"],
-            items={"type": "string"},
-            title="snapshot_ids",
-            description="Snapshot uuids of Quarantined rows to requeue (or use all_quarantined).",
+        # a malformed id (or more than MAX_SNAPSHOT_IDS) is refused before a run exists
+        "snapshot_ids": uuid_list_param(
+            "snapshot_ids",
+            "Snapshot uuids of Quarantined rows to requeue, one per line (or use all_quarantined).",
+            max_items=10_000,  # snapshot_requeue.MAX_SNAPSHOT_IDS (not imported at parse)
         ),
-        "all_quarantined": Param(
-            False,
-            type="boolean",
-            title="all_quarantined",
-            description="Requeue every Quarantined row (do not combine with snapshot_ids).",
+        "all_quarantined": flag_param(
+            "all_quarantined",
+            "Requeue every Quarantined row (do not combine with snapshot_ids).",
         ),
         "dry_run": dry_run_param(),
     },
@@ -60,20 +66,24 @@ NEWS_DB_CONN_ID = "news_db"
     doc_md=__doc__,
 )
 def news_snapshot_detach_requeue():
-    @task(execution_timeout=timedelta(minutes=10))
+    # multiple_outputs=False: the report is one XCom (return_value), not one per key
+    @task(execution_timeout=timedelta(minutes=10), multiple_outputs=False)
     def requeue_quarantined_snapshots() -> dict:
         """Validate the choice, then move the chosen Quarantined rows to Pending (or list them)."""
         from airflow.sdk import get_current_context
 
-        from include.pin_airflow.runtime import postgres_connect, telemetry_for
+        from include.pin_airflow.runtime import postgres_connect, refuse, telemetry_for
         from include.pin_maintenance.db import SessionSettings
         from include.pin_maintenance.jobs import snapshot_requeue
 
         context = get_current_context()
         params = context["params"]
-        choice = snapshot_requeue.parse_choice(
-            params.get("snapshot_ids"), params.get("all_quarantined")
-        )
+        try:  # what the form cannot check: both or neither choice (one line, no retry)
+            choice = snapshot_requeue.parse_choice(
+                params.get("snapshot_ids"), params.get("all_quarantined")
+            )
+        except snapshot_requeue.RequeueRequestError as exc:
+            raise refuse(exc) from None
         connect = postgres_connect(
             NEWS_DB_CONN_ID, SessionSettings(application_name=snapshot_requeue.JOB)
         )

@@ -34,6 +34,12 @@ for the run and no row loses an attempt. Unknown `reason` -> Quarantined (`Unkno
 without a call. Rows with an unknown status are never selected.
 
 **Runbook.**
+- *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
+  cycle, `max_active_runs=1`). A **paused** DAG runs nothing until it is unpaused, and
+  unpausing it (the trigger dialog's "Unpause <dag> on trigger" is ticked by default) starts
+  its latest scheduled tick at once, a real run ahead of the dry run (`catchup=False`;
+  `run_immediately` does not change that). Preview a paused DAG in-process instead (one run,
+  the DAG stays paused): `airflow dags test news_snapshot_detach_retry --conf '{"dry_run": true}'`.
 - *pending / oldest_age_seconds grow*: check the selections internal API (5xx of its client,
   `last_error` of Pending rows); once it is back the backlog drains by itself.
 - *quarantined_total > 0*: read `last_error` of the Quarantined rows; after fixing the cause,
@@ -81,7 +87,7 @@ NEWS_DB_CONN_ID = "news_db"
 def news_snapshot_detach_retry():
     # The run stops starting batches after max_run_duration_seconds (default 240 s); the
     # timeout only catches a hung worker.
-    @task(execution_timeout=timedelta(minutes=30))
+    @task(execution_timeout=timedelta(minutes=30), multiple_outputs=False)
     def detach_pending_snapshots() -> dict:
         """Claim due outbox rows, call selections detach, record each outcome (bounded run)."""
         from airflow.sdk import get_current_context

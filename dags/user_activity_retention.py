@@ -8,7 +8,11 @@
 
 **Owner.** PIN Engagement (user-activity), operated by pin-platform.
 
-**Schedule.** `0 3 * * *` Europe/Moscow (nightly window), `max_active_runs=1`, no catchup.
+**Schedule.** `0 3 * * *` Europe/Moscow (nightly window, 00:00 UTC), `max_active_runs=1`, no
+catchup. The timetable carries the timezone; the UI shows times in UTC (or the zone picked in
+the UI), so Next Run reads 00:00 UTC. The Details tab's "Timezone" is the server's
+`[core] default_timezone` for every DAG in Airflow 3.3.2 (the API reads it from there), not this
+schedule's.
 
 **Safe to rerun?** Yes, at any time. The cutoff is computed once per run (in `prepare`, on the
 database clock) and every delete task acts on that same eligible set. Each batch is one
@@ -27,9 +31,17 @@ would be deleted; delete nothing). An invalid value fails `prepare` before any d
 the key, its value and the allowed range.
 
 **Result** (XCom of `report`): `DeletedSessions`, `DeletedPropertyObjectViews`,
-`DeletedActionEvents`, `BatchesProcessed`, `HasMore`, `DryRun`.
+`DeletedActionEvents`, `BatchesProcessed`, `HasMore`, `DryRun`; a dry run reports 0 deleted
+and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectViews`,
+`WouldDeleteActionEvents`.
 
 **Runbook.**
+- *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
+  cycle, `max_active_runs=1`). A **paused** DAG runs nothing until it is unpaused, and
+  unpausing it (the trigger dialog's "Unpause <dag> on trigger" is ticked by default) starts
+  its latest scheduled tick at once, a real run ahead of the dry run (`catchup=False`;
+  `run_immediately` does not change that). Preview a paused DAG in-process instead (one run,
+  the DAG stays paused): `airflow dags test user_activity_retention --conf '{"dry_run": true}'`.
 - *Backlog grows* (`activity_retention_eligible_backlog` up several days in a row, or `HasMore`
   every night): raise `batch_size` / `max_batches_per_run` in the Variable; check table sizes
   and autovacuum on `user_activity`.
@@ -48,9 +60,14 @@ from datetime import timedelta
 from typing import Any
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import CronTriggerTimetable, dag, task
 
-from include.pin_airflow.dag_support import DEFAULT_ARGS, config_params, dry_run_param
+from include.pin_airflow.dag_support import (
+    DEFAULT_ARGS,
+    START_DATE,
+    config_params,
+    dry_run_param,
+)
 from include.pin_airflow.deadlines import deadline_alert
 from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 
@@ -77,8 +94,12 @@ def _delete(table: str, plan: dict[str, Any], context: dict[str, Any]) -> dict[s
 
 @dag(
     dag_id=JOB,
-    schedule="0 3 * * *",
-    start_date=pendulum.datetime(2026, 1, 1, tz="Europe/Moscow"),
+    # The zone on the timetable itself, not through start_date: the start date then reads
+    # 2026-01-01 00:00 in the UI's Details (a Moscow start date showed as 2025-12-31 21:00).
+    schedule=CronTriggerTimetable("0 3 * * *", timezone=pendulum.timezone("Europe/Moscow")),
+    start_date=START_DATE,
+    description="Nightly 03:00 Europe/Moscow (00:00 UTC): delete Inactive sessions older "
+    "than retention_period_days with their views and events.",
     catchup=False,
     # One run at a time: the three delete tasks of a run share one cutoff and walk the eligible
     # set in order; a second run in parallel would only contend for the same rows (the advisory
@@ -92,7 +113,7 @@ def _delete(table: str, plan: dict[str, Any], context: dict[str, Any]) -> dict[s
     deadline=deadline_alert("user_activity_retention"),
 )
 def user_activity_retention() -> None:
-    @task(execution_timeout=PREPARE_TIMEOUT)
+    @task(execution_timeout=PREPARE_TIMEOUT, multiple_outputs=False)
     def prepare(**context: Any) -> dict[str, Any]:
         """Validate the config, fix the run's cutoff on the DB clock, gauge the backlog."""
         from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
@@ -106,22 +127,22 @@ def user_activity_retention() -> None:
         plan = job.prepare(connect, config, telemetry, dry_run=bool(params.get("dry_run")))
         return plan.to_xcom()
 
-    @task(execution_timeout=DELETE_TIMEOUT)
+    @task(execution_timeout=DELETE_TIMEOUT, multiple_outputs=False)
     def delete_action_events(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
         """Delete the action_events of the eligible sessions (first: RESTRICT FKs)."""
         return _delete("action_events", plan, context)
 
-    @task(execution_timeout=DELETE_TIMEOUT)
+    @task(execution_timeout=DELETE_TIMEOUT, multiple_outputs=False)
     def delete_property_object_views(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
         """Delete the property_object_views of the eligible sessions (stats untouched)."""
         return _delete("property_object_views", plan, context)
 
-    @task(execution_timeout=DELETE_TIMEOUT)
+    @task(execution_timeout=DELETE_TIMEOUT, multiple_outputs=False)
     def delete_sessions(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
         """Delete eligible sessions that have no children left (never hits RESTRICT)."""
         return _delete("sessions", plan, context)
 
-    @task(execution_timeout=timedelta(minutes=5))
+    @task(execution_timeout=timedelta(minutes=5), multiple_outputs=False)
     def report(
         plan: dict[str, Any],
         action_events: dict[str, Any],

@@ -178,6 +178,26 @@ def seed(url: str, selections: SelectionsService) -> None:
         generate_outbox(conn, 10, due_in=timedelta(hours=1))  # not due yet: untouched
 
 
+def seed_ui_data(conn: psycopg.Connection) -> str | None:
+    """Demo rows for ``make up`` when every job table is empty; what was added, or None.
+
+    The same calendar and activity data as the demo; the outbox gets rows the local selections
+    service (every snapshot exists) detaches, rows not yet due, and Quarantined rows for the
+    requeue runbook. Existing rows are never touched: a table with data means no seeding.
+    """
+    if conn.execute((SEED_SQL / "job_tables_have_rows.sql").read_text()).fetchone()[0]:
+        return None
+    conn.execute((SEED_SQL / "demo_seed_calendar_activity.sql").read_text())
+    conn.commit()
+    generate_outbox(conn, 40)
+    generate_outbox(conn, 10, due_in=timedelta(hours=1))
+    generate_outbox(conn, 5, status="Quarantined", attempts=12, last_error="HttpError 404")
+    return (
+        "demo data: 1250 due slots, 3000 sessions past retention, "
+        "40 due + 10 later outbox rows, 5 Quarantined"
+    )
+
+
 def main() -> int:
     started = time.monotonic()
     admin = pg.admin_url(LOCAL / "pg")

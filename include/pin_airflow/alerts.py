@@ -14,9 +14,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.telemetry import Alert, Severity
 
 TASK_FAILED_SEVERITY: Severity = "critical"
+# A manual run refused for its own bad input (a typo in the trigger form: ConfigError, raised
+# before any write) changed nothing and is already in front of the person who triggered it:
+# still alerted, but not paged. A bad Variable on a scheduled run stays critical (every tick
+# fails until someone fixes it).
+BAD_MANUAL_INPUT_SEVERITY: Severity = "warning"
 MAX_ERROR_CHARS = 300  # one readable line; the task log has the traceback
 
 
@@ -51,8 +57,19 @@ def task_failed_alert(context: Mapping[str, Any]) -> tuple[str, str, Alert]:
     log_url = _safe_attr(ti, "log_url")
     if log_url:
         details["log_url"] = log_url
+    if isinstance(exc, ConfigError) and _is_manual(context, run_id):
+        details["bad_input"] = True
+        summary = f"{dag_id}.{task_id} refused its trigger params in run {run_id}: {error}"
+        return dag_id, run_id, Alert("task_failed", BAD_MANUAL_INPUT_SEVERITY, summary, details)
     summary = f"{dag_id}.{task_id} failed after its retries in run {run_id}: {error}"
     return dag_id, run_id, Alert("task_failed", TASK_FAILED_SEVERITY, summary, details)
+
+
+def _is_manual(context: Mapping[str, Any], run_id: str) -> bool:
+    run_type = getattr(context.get("dag_run"), "run_type", None)
+    if run_type is not None:
+        return str(getattr(run_type, "value", run_type)) == "manual"
+    return run_id.startswith("manual__")
 
 
 def on_task_failed(context: Mapping[str, Any]) -> None:

@@ -55,12 +55,45 @@ def _schema(setting: Setting) -> dict[str, Any]:
     return schema
 
 
+# What the trigger form and the REST API check before a run exists (jsonschema `pattern`):
+# a canonical uuid, any case. The task normalizes and checks again (the CLI's --conf too).
+UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+
+# Shown under every dry_run switch of the trigger form. Airflow 3.3.2: a paused DAG's runs stay
+# queued until it is unpaused; the dialog's "Unpause <dag> on trigger" (ticked by default) and
+# any unpause make the scheduler start the latest missed tick at once (catchup=False), a real
+# run ahead of the dry run. `airflow dags test` runs once in-process and ignores the pause.
+DRY_RUN_HELP = (
+    "Report what the run would change and change nothing. Paused DAG? Unpausing it (also "
+    "'Unpause on trigger') first starts its latest scheduled tick as a real run; preview a "
+    "paused DAG with: airflow dags test <dag_id> --conf '{\"dry_run\": true}'."
+)
+
+
+def flag_param(title: str, description: str) -> Any:
+    """A false-by-default boolean param.
+
+    ``null`` is in the type so the trigger form does not mark the switch "required" (it always
+    has a value); the task reads None as false.
+    """
+    from airflow.sdk import Param
+
+    return Param(False, type=["boolean", "null"], title=title, description=description)
+
+
 def dry_run_param() -> Any:
+    return flag_param("dry_run", DRY_RUN_HELP)
+
+
+def uuid_list_param(title: str, description: str, *, max_items: int) -> Any:
+    """An optional list of uuid strings; a malformed id is refused before a run exists."""
     from airflow.sdk import Param
 
     return Param(
-        False,
-        type="boolean",
-        title="dry_run",
-        description="Report what the run would change and change nothing.",
+        None,
+        type=["null", "array"],
+        items={"type": "string", "pattern": UUID_PATTERN},
+        maxItems=max_items,
+        title=title,
+        description=description,
     )

@@ -46,7 +46,16 @@ def resolve_config(spec: ConfigSpec, params: Mapping[str, Any] | None) -> dict[s
     try:
         return spec.resolve(read_variable_json(spec.job), params_for_spec(spec, params))
     except ConfigError as exc:
-        raise InvalidConfig(str(exc)) from None
+        raise refuse(exc) from None
+
+
+def refuse(exc: ConfigError) -> InvalidConfig:
+    """Bad input: one ERROR line that names it, then the exception that fails the task at once.
+
+    Raise the result ``from None``: nothing was written yet, so there is nothing to retry.
+    """
+    log.error("refused bad input: %s", exc)
+    return InvalidConfig(str(exc))
 
 
 def params_for_spec(spec: ConfigSpec, params: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -95,3 +95,49 @@ print("EVENTS", sorted(set(events)))
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "EVENTS []" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("dag_id", sorted(EXPECTED))
+def test_each_task_returns_one_xcom(dagbag, dag_id):
+    """TaskFlow infers multiple_outputs from a ``-> dict`` annotation (one XCom per key)."""
+    for task in dagbag.dags[dag_id].tasks:
+        assert task.multiple_outputs is False, f"{dag_id}.{task.task_id}"
+
+
+@pytest.mark.parametrize("dag_id", sorted(EXPECTED))
+def test_flags_default_false_and_are_not_marked_required(dagbag, dag_id):
+    """The trigger form stars a boolean param whose type lacks null as "required"."""
+    flags = {
+        name: param.schema
+        for name, param in dagbag.dags[dag_id].params.items()
+        if "boolean" in param.schema.get("type", ())
+    }
+    assert "dry_run" in flags
+    for name, schema in flags.items():
+        assert set(schema["type"]) == {"boolean", "null"}, name
+        assert dagbag.dags[dag_id].params[name] is False, name
+    help_text = dagbag.dags[dag_id].params.get_param("dry_run").description
+    assert "Unpause on trigger" in help_text and "airflow dags test" in help_text
+
+
+@pytest.mark.parametrize("dag_id", sorted(d for d, (cron, _) in EXPECTED.items() if cron))
+def test_unpausing_runs_the_latest_missed_tick(dagbag, dag_id):
+    """Why each doc says to preview a paused DAG with `airflow dags test`: with catchup=False the
+    timetable of Airflow 3.3.2 always offers the latest past tick, whatever run_immediately is
+    (it only applies to a DAG without start_date). Fails when Airflow changes that, so the docs
+    can be revised."""
+    import pendulum
+    from airflow.serialization.serialized_objects import DagSerialization
+    from airflow.timetables.base import DataInterval, TimeRestriction
+
+    timetable = DagSerialization.from_dict(DagSerialization.to_dict(dagbag.dags[dag_id])).timetable
+    assert timetable._run_immediately is False  # the default, and still:
+    now = pendulum.now("UTC")
+    week_ago = now - timedelta(days=7)
+    info = timetable.next_dagrun_info(
+        last_automated_data_interval=DataInterval(week_ago, week_ago),
+        restriction=TimeRestriction(
+            earliest=week_ago - timedelta(days=1), latest=None, catchup=False
+        ),
+    )
+    assert info.run_after <= now  # due at once: the scheduler starts it on unpause

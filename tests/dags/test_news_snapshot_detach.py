@@ -66,6 +66,23 @@ def test_requeue_dag_structure(dagbag):
     assert [t.task_id for t in dag.tasks] == ["requeue_quarantined_snapshots"]
 
 
+def test_requeue_params_refuse_a_malformed_id_before_a_run(dagbag):
+    """The param schema (checked by the trigger form and the REST API) refuses what is not a
+    uuid; the task's own check (parse_choice) agrees on both sides."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    from include.pin_maintenance.jobs import snapshot_requeue
+
+    param = dagbag.dags[REQUEUE].params.get_param("snapshot_ids")
+    good = "0B5C1D2E-3F40-4A5B-8C6D-7E8F90A1B2C3"
+    assert param.resolve([good]) == [good]
+    assert snapshot_requeue.parse_choice([good], False).snapshot_ids == (good.lower(),)
+    for bad in ("not-a-uuid", "0b5c1d2e3f404a5b8c6d7e8f90a1b2c3", f" {good}", f"{good}x"):
+        with pytest.raises(ParamValidationError, match="does not match"):
+            param.resolve([bad])
+    assert param.schema["maxItems"] == snapshot_requeue.MAX_SNAPSHOT_IDS
+
+
 def _output(done) -> str:
     return f"{done.stdout}\n{done.stderr}"
 

@@ -94,6 +94,8 @@ def _cli_args(command: str) -> list[str]:
     assert args[0] == "airflow", command
     if args[1:] == ["tasks", "test"]:  # named as a thing people do, not a full command
         args.append("--help")
+    if args[1:3] == ["dags", "test"]:  # runs the DAG on its job DB (none here): the dags tier
+        return ["dags", "test", "--help"]  # runs `dags test <dag> --conf '{"dry_run": true}'`
     return args[1:]
 
 

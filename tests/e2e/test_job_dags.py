@@ -37,7 +37,9 @@ def test_requeue_moves_the_chosen_quarantined_rows(airflow_e2e: E2EAirflow) -> N
         (jc.RETENTION, {"batch_size": 50001}),
         (jc.DETACH, {"batch_size": 10001}),
         (jc.DETACH, {"backoff_factor": 0.5}),
+        (jc.SLOTS, {"batch_size": 1.5}),  # the form clamps ranges; the API refuses, too
         (jc.REQUEUE, {"snapshot_ids": "not-a-list"}),
+        (jc.REQUEUE, {"snapshot_ids": ["not-a-uuid"]}),
         (jc.REQUEUE, {"all_quarantined": "yes"}),
     ],
 )

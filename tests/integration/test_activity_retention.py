@@ -653,12 +653,15 @@ def test_dry_run_counts_and_changes_nothing(db, seeded):
     )
 
     assert result.as_dict() == {
-        "DeletedSessions": 30,
-        "DeletedPropertyObjectViews": 60,
-        "DeletedActionEvents": 60,
+        "DeletedSessions": 0,
+        "DeletedPropertyObjectViews": 0,
+        "DeletedActionEvents": 0,
         "BatchesProcessed": 15,
         "HasMore": False,
         "DryRun": True,
+        "WouldDeleteSessions": 30,
+        "WouldDeletePropertyObjectViews": 60,
+        "WouldDeleteActionEvents": 60,
     }
     assert {t: snapshot(db, t) for t in TABLES} == before
     assert not any(name.startswith("activity_retention_deleted") for name in metrics.counters)

@@ -84,6 +84,8 @@ def test_requeue_dry_run_reports_and_changes_nothing(db, outbox):
     result = _requeue(db, all_quarantined=True, dry_run=True)
     assert result.dry_run and result.count == 3
     assert rows(db) == before
+    report = result.as_dict()
+    assert (report["RequeuedCount"], report["WouldRequeueCount"]) == (0, 3)
 
 
 def test_requeue_report_is_bounded(db):
@@ -93,6 +95,7 @@ def test_requeue_report_is_bounded(db):
     assert result.count == 5
     assert len(result.snapshot_ids) == 2 and result.truncated
     assert result.as_dict()["RequeuedCount"] == 5
+    assert result.as_dict()["WouldRequeueCount"] == 0
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from include.pin_airflow.alerts import (
     on_task_failed,
     task_failed_alert,
 )
+from include.pin_maintenance.config import ConfigError
 from tests.e2e.loopback import RecordingWebhook
 
 
@@ -74,6 +75,43 @@ def test_task_failed_alert_content() -> None:
         "error": "RuntimeError: lock lost",
     }
     assert "delete_sessions" in alert.summary
+
+
+def _manual(ctx: dict, run_type: object = "manual") -> dict:
+    ctx["run_id"] = ctx["ti"].run_id = "manual__2026-01-02T10:00:00+00:00"
+    ctx["dag_run"] = SimpleNamespace(run_type=run_type)
+    return ctx
+
+
+def test_bad_input_of_a_manual_run_is_a_warning_not_a_page() -> None:
+    from include.pin_maintenance.jobs.snapshot_requeue import parse_choice
+
+    with pytest.raises(ConfigError) as refused:
+        parse_choice(["not-a-uuid"], False)
+    _, _, alert = task_failed_alert(_manual(context(refused.value)))
+    assert (alert.name, alert.severity) == ("task_failed", "warning")
+    assert alert.details["bad_input"] is True
+    assert "'not-a-uuid'" in alert.details["error"] and "refused" in alert.summary
+
+
+def test_bad_input_is_read_from_the_run_id_without_a_dag_run() -> None:
+    ctx = _manual(context(ConfigError("batch_size = 0 is out of range")))
+    del ctx["dag_run"]
+    assert task_failed_alert(ctx)[2].severity == "warning"
+
+
+@pytest.mark.parametrize(
+    ("ctx", "why"),
+    [
+        (context(ConfigError("batch_size = 0 is out of range")), "a bad Variable fails every tick"),
+        (_manual(context(RuntimeError("lock lost"))), "not bad input"),
+        (_manual(context(ConfigError("x")), run_type="scheduled"), "a scheduled run"),
+    ],
+)
+def test_other_failures_stay_critical(ctx, why) -> None:
+    alert = task_failed_alert(ctx)[2]
+    assert alert.severity == "critical", why
+    assert "bad_input" not in alert.details
 
 
 def test_task_failed_alert_with_string_exception() -> None:

@@ -205,14 +205,24 @@ class RetentionResult:
     steps: tuple[StepResult, ...] = field(default=(), compare=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "DeletedSessions": self.deleted_sessions,
-            "DeletedPropertyObjectViews": self.deleted_property_object_views,
-            "DeletedActionEvents": self.deleted_action_events,
-            "BatchesProcessed": self.batches_processed,
-            "HasMore": self.has_more,
-            "DryRun": self.dry_run,
+        counts = {
+            "Sessions": self.deleted_sessions,
+            "PropertyObjectViews": self.deleted_property_object_views,
+            "ActionEvents": self.deleted_action_events,
         }
+        # A dry run deletes nothing: its counts are WouldDelete*, the Deleted* keys stay 0
+        # (as the slot job's ExpiredCount / WouldExpireCount)
+        out: dict[str, Any] = {f"Deleted{k}": 0 if self.dry_run else n for k, n in counts.items()}
+        out.update(
+            {
+                "BatchesProcessed": self.batches_processed,
+                "HasMore": self.has_more,
+                "DryRun": self.dry_run,
+            }
+        )
+        if self.dry_run:
+            out.update({f"WouldDelete{k}": n for k, n in counts.items()})
+        return out
 
 
 # --------------------------------------------------------------------------------------------

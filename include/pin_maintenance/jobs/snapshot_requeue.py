@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from include.pin_maintenance import sql
+from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import Connect
 from include.pin_maintenance.telemetry import Telemetry
 
@@ -27,8 +28,9 @@ REPORT_LIMIT = 100  # ids listed in the report; the count is always exact
 MAX_SNAPSHOT_IDS = 10_000
 
 
-class RequeueRequestError(ValueError):
-    """The requeue params do not name a valid choice; nothing was changed."""
+class RequeueRequestError(ConfigError):
+    """The requeue params do not name a valid choice; nothing was changed (bad input, like a
+    bad config value: the run fails at once and is not paged as critical)."""
 
 
 @dataclass(frozen=True)
@@ -103,10 +105,13 @@ class RequeueResult:
     skipped: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
+        # a dry run moves nothing: its count is WouldRequeueCount, as the log line says
+        # (requeued=0 would_requeue=N); the slot job reports ExpiredCount/WouldExpireCount alike
         return {
             "DryRun": self.dry_run,
             "Choice": self.choice,
-            "RequeuedCount": self.count,
+            "RequeuedCount": 0 if self.dry_run else self.count,
+            "WouldRequeueCount": self.count if self.dry_run else 0,
             "SnapshotIds": self.snapshot_ids,
             "Truncated": self.truncated,
             "Skipped": self.skipped,
