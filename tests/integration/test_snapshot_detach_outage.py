@@ -232,17 +232,27 @@ def test_retry_after_pauses_new_calls(db):
     assert result.succeeded == 2 and result.retried == 1
 
 
-def test_a_retry_after_past_the_run_bound_stops_calling(db):
-    with SelectionsService(retry_after_seconds=120) as svc:
+@pytest.mark.parametrize(
+    ("retry_after", "run_bound"),
+    [(120, 240), (20, 10)],  # longer than the 30 s pause limit / past the run's bound
+    ids=["long-retry-after", "past-the-run-bound"],
+)
+def test_a_long_retry_after_stops_calling_for_the_run(db, retry_after, run_bound):
+    with SelectionsService(retry_after_seconds=retry_after) as svc:
         entries = [insert_entry(db, due_in=timedelta(seconds=-600 + i)) for i in range(4)]
         svc.script(entries[0].snapshot_id, "rate_limited")
         result = run_job(
             db,
             svc,
-            cfg=config(detach_concurrency=1, max_run_duration_seconds=30, lock_ttl_seconds=40),
+            cfg=config(
+                detach_concurrency=1,
+                max_run_duration_seconds=run_bound,
+                lock_ttl_seconds=run_bound + 10,
+            ),
         )
         calls = len(svc.calls)
     assert calls == 1 and result.stop_reason == "retry_after"
+    assert result.duration_ms < 5000  # it did not sit out the pause
     state = rows(db)
     assert state[entries[0].snapshot_id].attempts == 1  # the 429 itself is a spent attempt
     assert all(state[e.snapshot_id].attempts == 0 for e in entries[1:])  # given back

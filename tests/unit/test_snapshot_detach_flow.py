@@ -12,6 +12,7 @@ from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
 from include.pin_maintenance.jobs.snapshot_detach_flow import (
     AdaptiveLimit,
     Breaker,
+    MAX_PAUSE_SECONDS,
     CallGate,
     Signal,
     call_signal,
@@ -153,6 +154,12 @@ def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():
     assert short.acquire() is None  # the pause outlasts the run: stop calling at once
     assert time.monotonic() - started < 0.5
     assert short.stats.stopped_by_retry_after
+
+    long = _gate()
+    ticket = long.acquire()
+    long.release(ticket, "r1", CallOutcome(429, retry_after_seconds=MAX_PAUSE_SECONDS + 1))
+    assert long.acquire() is None  # too long to sit out: stop calling for this run
+    assert long.stats.stopped_by_retry_after
 
 
 def test_gate_refuses_calls_once_the_breaker_is_open():

@@ -11,8 +11,10 @@ Two rules sit between the job's worker threads and the selections service:
   answer slower than :data:`LATENCY_TOLERANCE` times the fastest one seen in the run holds the
   limit where it is instead of growing it (a queueing service answers slower before it fails).
 - **Retry-After**: a 429 or 503 that carries ``Retry-After`` pauses every new call for that
-  long (the row itself is due no earlier either). A pause that would end after the run's bound
-  (``max_run_duration_seconds``) stops calling for the rest of the run instead.
+  long (the row itself is due no earlier either). A pause longer than
+  :data:`MAX_PAUSE_SECONDS`, or one that would end after the run's bound
+  (``max_run_duration_seconds``), stops calling for the rest of the run instead: the next run
+  is minutes away, and a run must not hold its lock idle.
 - **Circuit breaker** (systemic failure): ``breaker_failure_threshold`` consecutive failed
   calls (transport error, timeout, any 5xx) open it; any other answer (2xx, 4xx, 429) resets
   the count, so scattered 503s among successes never open it. Once open, no call starts for
@@ -41,6 +43,7 @@ from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
 
 LATENCY_TOLERANCE = 2.0  # healthy answers slower than this times the fastest seen: do not grow
 DECREASE_FACTOR = 0.5  # multiplicative cut on a congestion signal
+MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
 _CONGESTION_CODES = frozenset({429, 502, 503, 504})
 _CONGESTION_ERRORS = frozenset({"Timeout", "ConnectionError"})
 
@@ -251,7 +254,9 @@ class CallGate:
             if outcome.status_code in (429, 503):
                 self.stats.throttled += 1
                 wait = outcome.retry_after_seconds
-                if wait:
+                if wait and wait > MAX_PAUSE_SECONDS:
+                    self.stats.stopped_by_retry_after = True
+                elif wait:
                     until = now + wait
                     if until > self._paused_until:
                         self.stats.paused_seconds += until - max(self._paused_until, now)
