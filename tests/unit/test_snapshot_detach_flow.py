@@ -10,9 +10,9 @@ import pytest
 from include.pin_maintenance.jobs.snapshot_detach import Verdict, classify
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
 from include.pin_maintenance.jobs.snapshot_detach_flow import (
+    MAX_PAUSE_SECONDS,
     AdaptiveLimit,
     Breaker,
-    MAX_PAUSE_SECONDS,
     CallGate,
     Signal,
     call_signal,
@@ -72,6 +72,27 @@ def test_limit_cuts_once_per_window_and_never_below_the_minimum():
     for _ in range(10):
         limit.on_congestion(limit.epoch)
     assert limit.slots == 2
+
+
+def test_limit_probes_slowly_near_the_last_congestion_point_then_forgets_it():
+    limit = AdaptiveLimit(1, 32)
+    for _ in range(4):
+        limit.on_healthy(0.02)
+    assert limit.slots == 5
+    limit.on_congestion(limit.epoch)  # a service that takes 4 at once refused the 5th
+    assert (limit.slots, limit.ceiling) == (2, 5.0)
+    successes = 0
+    while limit.slots < 4:
+        limit.on_healthy(0.02)
+        successes += 1
+    assert successes <= 6  # back to 4 in a few calls
+    while limit.slots < 5:
+        limit.on_healthy(0.02)
+        successes += 1
+    assert successes >= 40  # the step to 5, where it was refused, is 10x slower
+    while limit.limit <= 5.0:
+        limit.on_healthy(0.02)
+    assert limit.ceiling == float("inf")  # passed it without a complaint: forgotten
 
 
 def test_limit_holds_when_latency_does_not():

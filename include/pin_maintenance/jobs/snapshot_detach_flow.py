@@ -7,7 +7,11 @@ Two rules sit between the job's worker threads and the selections service:
   and their latency holds (``+1`` per success below the threshold found by the last cut, then
   ``+1`` per window of ``limit`` successes), never beyond ``detach_concurrency``. A congestion
   signal (429, 502, 503, 504, a timeout, a connection error) halves it, at most once per
-  window (calls started before the cut cannot cut again), never below the minimum. A healthy
+  window (calls started before the cut cannot cut again), never below the minimum, and
+  remembers where it happened: the last step below that ceiling grows
+  :data:`PLATEAU_FACTOR` times slower (a service with a fixed capacity is probed about once
+  per 50 calls instead of once per 10), and once the limit passes the ceiling without a new
+  congestion signal the ceiling is forgotten (the service has grown). A healthy
   answer slower than :data:`LATENCY_TOLERANCE` times the fastest one seen in the run holds the
   limit where it is instead of growing it (a queueing service answers slower before it fails).
 - **Retry-After**: a 429 or 503 that carries ``Retry-After`` pauses every new call for that
@@ -43,6 +47,7 @@ from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
 
 LATENCY_TOLERANCE = 2.0  # healthy answers slower than this times the fastest seen: do not grow
 DECREASE_FACTOR = 0.5  # multiplicative cut on a congestion signal
+PLATEAU_FACTOR = 0.1  # growth within one call of the last congestion point
 MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
 _CONGESTION_CODES = frozenset({429, 502, 503, 504})
 _CONGESTION_ERRORS = frozenset({"Timeout", "ConnectionError"})
@@ -99,6 +104,7 @@ class AdaptiveLimit:
     threshold: float = 0.0  # slow start (+1 per success) below it, +1/limit above
     epoch: int = 0  # cuts so far; a call remembers the epoch it started in
     fastest: float = math.inf
+    ceiling: float = math.inf  # the limit at the last congestion signal
     cuts: int = 0
 
     def __post_init__(self) -> None:
@@ -116,12 +122,17 @@ class AdaptiveLimit:
         if latency > LATENCY_TOLERANCE * self.fastest:
             return  # latency does not hold: stay where we are
         step = 1.0 if self.limit < self.threshold else 1.0 / self.limit
+        if self.limit >= self.ceiling - 1:
+            step *= PLATEAU_FACTOR  # close to where the service pushed back last time
         self.limit = min(float(self.maximum), self.limit + step)
+        if self.limit > self.ceiling:
+            self.ceiling = math.inf  # past it without a complaint: the service has grown
 
     def on_congestion(self, started_epoch: int) -> bool:
         """Cut once per window: a call started before the last cut does not cut again."""
         if started_epoch < self.epoch:
             return False
+        self.ceiling = self.limit
         self.limit = max(float(self.minimum), self.limit * DECREASE_FACTOR)
         self.threshold = self.limit
         self.epoch += 1
