@@ -114,20 +114,26 @@ def settle_and_ratio(calls: list[list], chunk: int = 25) -> tuple[float, float, 
         return math.nan, math.nan, math.nan
     calls = sorted(calls)
     start = calls[0][0]
-    settled_index = 0
-    for i in range(0, len(calls), chunk):
-        part = calls[i : i + chunk]
+    # chunk boundaries; a short last chunk joins the one before (too few calls to judge)
+    bounds = [*range(chunk, len(calls), chunk), len(calls)]
+    if len(bounds) > 1 and bounds[-1] - bounds[-2] < chunk:
+        bounds.pop(-2)
+    settled_index, lower = 0, 0
+    for upper in bounds:
+        part = calls[lower:upper]
         refused = sum(1 for c in part if c[2])
         if refused > (CALLS_RATIO_GOAL - 1) * max(len(part) - refused, 1):
-            settled_index = i + len(part)
-    settled = calls[settled_index][0] - start if settled_index < len(calls) else math.inf
-    if settled_index == 0:
-        settled = 0.0
-    after = calls[settled_index:]
-    accepted_after = sum(1 for c in after if not c[2])
+            settled_index = upper
+        lower = upper
+    if settled_index >= len(calls):  # still over the limit at the end: never settled
+        return math.inf, math.nan, _ratio(calls)
+    settled = calls[settled_index][0] - start if settled_index else 0.0
+    return settled, _ratio(calls[settled_index:]), _ratio(calls)
+
+
+def _ratio(calls: list[list]) -> float:
     accepted = sum(1 for c in calls if not c[2])
-    ratio_after = len(after) / accepted_after if accepted_after else math.nan
-    return settled, ratio_after, len(calls) / accepted if accepted else math.nan
+    return len(calls) / accepted if accepted else math.nan
 
 
 def _median(values: list[float]) -> float:
@@ -158,6 +164,7 @@ def _healthy(bench: Any, out: list[str], healthy_rows: int, *, hammer, md_table,
     service = _start_service(bench.workdir / "selections-capacity.log")
     try:
         capacity, job, pinned, limits = [], [], [], []
+        ratios: dict[str, list[float]] = {"job": [], "pinned": []}
         template = bench.outbox_template(healthy_rows)
         for i in range(runs):
             ids = [str(uuid.uuid4()) for _ in range(healthy_rows)]
@@ -180,20 +187,26 @@ def _healthy(bench: Any, out: list[str], healthy_rows: int, *, hammer, md_table,
                 if run.result.get("Succeeded") != healthy_rows:
                     raise error(f"detach ({what}) did not detach every row: {run.result}")
                 (job if what == "job" else pinned).append(healthy_rows / run.seconds)
+                # paired with this round's capacity (the load drifts between rounds)
+                ratios[what].append(healthy_rows / run.seconds)
                 if what == "job":
                     limits.append(float(run.result.get("ConcurrencyPeak", 0)))
     finally:
         service.stop()
-    cap = _median(capacity)
-    for label, series in (("defaults (adaptive)", job), ("fixed at 8 (the old default)", pinned)):
-        ratio = _median(series) / cap if cap else math.nan
+    for what, rates in ratios.items():
+        ratios[what] = [rate / cap for rate, cap in zip(rates, capacity, strict=True)]
+    for label, series, paired in (
+        ("defaults (adaptive)", job, ratios["job"]),
+        ("fixed at 8 (the old default)", pinned, ratios["pinned"]),
+    ):
+        ratio = _median(paired)
         rows_out.append(
             [
                 label,
                 f"{healthy_rows:,}",
                 _fmt(capacity, 0),
                 _fmt(series, 0),
-                f"{ratio:.2f}x",
+                _fmt(paired, 2, "x"),
                 _fmt(limits, 0) if series is job else "8",
                 (
                     ("met" if ratio >= CAPACITY_GOAL else "**missed**")
@@ -208,7 +221,8 @@ def _healthy(bench: Any, out: list[str], healthy_rows: int, *, hammer, md_table,
         "threads on the same service, in the same round (rounds alternate the order). Job: "
         "`snapshot_detach.run()` with its default config on a fresh clone of the outbox "
         "(every due row must end Done); `rows/s` counts from the start to the end of `run()`. "
-        f"{runs} round(s); cells are `median (min .. max)` of rows/s."
+        "*job/capacity* is taken per round (the job against that round's capacity), then the "
+        f"median over the rounds. {runs} round(s); cells are `median (min .. max)`."
     )
     out.append("")
     out.append(

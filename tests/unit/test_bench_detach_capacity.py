@@ -32,5 +32,16 @@ def test_settles_after_the_last_chunk_with_too_many_refusals():
     assert total == pytest.approx(100 / 78)
 
 
+def test_a_short_last_chunk_is_judged_with_the_one_before():
+    log = [*_log([(25, 0), (24, 1)]), [9.0, 4, True]]  # one refused call at the very end
+    settled, _after, total = settle_and_ratio(log)
+    assert settled == 0.0 and total == pytest.approx(51 / 49)
+
+
+def test_still_over_the_limit_at_the_end_never_settled():
+    settled, after, _total = settle_and_ratio(_log([(25, 0), (10, 15)]))
+    assert settled == math.inf and math.isnan(after)
+
+
 def test_empty_log_is_not_a_number():
     assert all(math.isnan(v) for v in settle_and_ratio([]))
