@@ -46,6 +46,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -292,13 +293,26 @@ class SelectionsService:
                 headers["Retry-After"] = f"{self.overload_retry_after:g}"
             handler.send_json(self.overload_status, {"error": "overloaded"}, headers)
             return
+        finished = threading.Event()
+
+        def finish() -> None:  # the call's work is done: it no longer counts as in flight
+            if not finished.is_set():
+                finished.set()
+                with self._lock:
+                    self.in_flight -= 1
+
         try:
             self._serve(
-                handler, snapshot_id, key, reason, authorized=authorized, in_flight=in_flight
+                handler,
+                snapshot_id,
+                key,
+                reason,
+                authorized=authorized,
+                in_flight=in_flight,
+                finish=finish,
             )
         finally:
-            with self._lock:
-                self.in_flight -= 1
+            finish()
 
     def _serve(
         self,
@@ -309,6 +323,7 @@ class SelectionsService:
         *,
         authorized: bool,
         in_flight: int,
+        finish: Callable[[], None],
     ) -> None:
         behaviour = self._next_behaviour(snapshot_id) if authorized else "unauthorized"
 
@@ -352,6 +367,7 @@ class SelectionsService:
                 headers["Retry-After"] = str(self.retry_after_seconds)
             if status == 401:
                 headers["WWW-Authenticate"] = 'Basic realm="selections"'
+            finish()  # before the answer goes out: the client may call again at once
             payload: dict[str, Any] = (
                 {"snapshot_id": snapshot_id, "status": "Detached", "already_detached": already}
                 if status == 200
