@@ -24,14 +24,19 @@ from login/password, or no login and `{"Authorization": "Bearer <token>"}` in th
 `batch_size` (100), `max_run_duration_seconds` (240), `max_attempts` (12),
 `backoff_base_seconds` / `backoff_factor` / `backoff_cap_seconds` (60 / 2.0 / 1800),
 `detach_call_timeout_seconds` (5), `lock_ttl_seconds` (360, > max run duration),
-`detach_concurrency` (8, 1..64 calls in flight), `dry_run` (report how many rows are due;
-call nothing, write nothing).
+`detach_concurrency` (32, 1..64: most calls in flight), `detach_concurrency_min` (1: calls in
+flight when a run starts; the run grows while answers are healthy and halves on 429 / 503 /
+timeouts), `breaker_failure_threshold` (5: failed calls in a row that stop calling for the
+run), `dry_run` (report how many rows are due; call nothing, write nothing).
 
 **Outcomes.** 2xx -> Done. 5xx / 408 / 425 / 429 / timeout / connection error -> stays Pending
 (429 and 503 honour `Retry-After`); on attempt `max_attempts` -> Quarantined. 404, 410 and
 other 4xx -> Quarantined at once. 401/403 -> critical alert `selections_auth_failed`, calls stop
-for the run and no row loses an attempt. Unknown `reason` -> Quarantined (`UnknownReason`)
-without a call. Rows with an unknown status are never selected.
+for the run and no row loses an attempt. `breaker_failure_threshold` failed calls in a row
+(selections down) -> warning alert `selections_unavailable`, calls stop for the run, and those
+calls and every row not called cost no attempt (an outage never quarantines); the next run
+probes again with a few calls. Unknown `reason` -> Quarantined (`UnknownReason`) without a
+call. Rows with an unknown status are never selected.
 
 **Runbook.**
 - *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
@@ -40,8 +45,9 @@ without a call. Rows with an unknown status are never selected.
   its latest scheduled tick at once, a real run ahead of the dry run (`catchup=False`;
   `run_immediately` does not change that). Preview a paused DAG in-process instead (one run,
   the DAG stays paused): `airflow dags test news_snapshot_detach_retry --conf '{"dry_run": true}'`.
-- *pending / oldest_age_seconds grow*: check the selections internal API (5xx of its client,
-  `last_error` of Pending rows); once it is back the backlog drains by itself.
+- *pending / oldest_age_seconds grow*, *selections_unavailable*: check the selections internal
+  API (5xx of its client, `last_error` of Pending rows); once it is back the backlog drains by
+  itself (no requeue needed: the outage cost no row an attempt).
 - *quarantined_total > 0*: read `last_error` of the Quarantined rows; after fixing the cause,
   trigger `news_snapshot_detach_requeue` with `snapshot_ids` (or `all_quarantined: true`),
   first with `dry_run: true`.

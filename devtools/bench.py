@@ -65,11 +65,12 @@ NOTES_MARKER = (
     "<!-- hand-written notes below this line are kept when the bench rewrites the file -->"
 )
 
-SECTIONS = ("retention", "slots", "detach", "tracing", "parse", "airflow")
+SECTIONS = ("retention", "slots", "detach", "detach_capacity", "tracing", "parse", "airflow")
 TITLES = {
     "retention": "Retention (user_activity_retention)",
     "slots": "Slot expiration (calendar_slot_expiration)",
     "detach": "Snapshot detach retry (news_snapshot_detach_retry)",
+    "detach_capacity": "Snapshot detach at the service's capacity (adaptive concurrency)",
     "tracing": "Tracing overhead (OpenTelemetry spans on / off)",
     "parse": "DAG parse time",
     "airflow": "Airflow overhead (airflow dags test)",
@@ -930,6 +931,14 @@ class Bench:
                 ],
                 rows,
             )
+        )
+
+    def bench_detach_capacity(self, out: list[str]) -> None:
+        """Issue 16: devtools/bench_detach_capacity.py (healthy and capacity-limited service)."""
+        from devtools import bench_detach_capacity
+
+        bench_detach_capacity.run_section(
+            self, out, hammer=hammer, md_table=md_table, error=BenchError
         )
 
     def bench_tracing(self, out: list[str]) -> None:

@@ -210,7 +210,8 @@ def main() -> int:
     pg.apply_schema(database.url)
 
     with ExitStack() as stack:
-        selections = stack.enter_context(SelectionsService(latency_ms=20))
+        # Retry-After 2 s: the detach run pauses that long once (longer ones end its calls)
+        selections = stack.enter_context(SelectionsService(latency_ms=20, retry_after_seconds=2))
         print(f"==> selections service on {selections.url} (20 ms per call, scripted answers)")
         seed(database.url, selections)
         print(f"==> database {DEMO_DB}: reference schema + demo data")

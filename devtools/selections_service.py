@@ -8,6 +8,13 @@ A real HTTP/1.1 server on loopback (keep-alive, one thread per connection) imple
   answer 200 again with ``"already_detached": true`` (INV-SNP-005);
 - configurable latency, a random failure mix (503s) and an optional capacity limit
   (``max_concurrent`` calls served at once; the rest queue), so a benchmark knows the capacity;
+- an optional admission limit (``max_in_flight``): a call arriving while that many are being
+  served is refused at once with ``overload_status`` (429 or 503) and, when
+  ``overload_retry_after`` is set, a ``Retry-After`` header; the service counts accepted and
+  refused calls and the peak in flight, so a benchmark knows what it accepted;
+- an outage switch (:meth:`SelectionsService.set_outage`): every call, whatever its script,
+  gets one behaviour (``error_503``, ``slow``, ``drop``, ...) until the outage is lifted; a
+  refused connection is simply a stopped service;
 - per-snapshot scripted behaviours, as a sequence (the last one repeats):
   ``ok``, ``already_detached``, ``error_500``, ``error_503``, ``slow`` (answers after
   ``slow_seconds``, beyond any sane timeout), ``drop`` (closes the socket without answering),
@@ -39,6 +46,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -71,6 +79,7 @@ class Call:
     authorized: bool
     at: float
     traceparent: str | None = None  # W3C trace context the caller sent, as received
+    in_flight: int = 0  # calls being served when this one arrived, itself included if admitted
 
 
 class SelectionsService:
@@ -88,9 +97,14 @@ class SelectionsService:
         slow_seconds: float = 30.0,
         retry_after_seconds: int = 120,
         max_concurrent: int | None = None,
+        max_in_flight: int | None = None,
+        overload_status: int = 503,
+        overload_retry_after: float | None = None,
         seed: int | None = None,
         known_snapshots: set[str] | None = None,
     ) -> None:
+        if overload_status not in (429, 503):
+            raise ValueError(f"overload_status must be 429 or 503, got {overload_status}")
         self.host = host
         self.port = port
         self.login = login
@@ -102,6 +116,14 @@ class SelectionsService:
         # None = every snapshot exists; otherwise unknown ids answer 404
         self.known_snapshots = known_snapshots
         self._capacity = threading.BoundedSemaphore(max_concurrent) if max_concurrent else None
+        self.max_in_flight = max_in_flight
+        self.overload_status = overload_status
+        self.overload_retry_after = overload_retry_after
+        self._outage: str | None = None
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.accepted = 0  # calls served (any answer but an overload refusal)
+        self.refused = 0  # calls refused by the admission limit
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._scripts: dict[str, list[str]] = {}
@@ -165,6 +187,13 @@ class SelectionsService:
             if "already_detached" in behaviours:
                 self._detached.add(str(snapshot_id))
 
+    def set_outage(self, behaviour: str | None) -> None:
+        """Answer every call with ``behaviour`` (e.g. ``error_503``, ``slow``) until None."""
+        if behaviour is not None and behaviour not in BEHAVIOURS:
+            raise ValueError(f"unknown behaviour {behaviour!r}; known: {', '.join(BEHAVIOURS)}")
+        with self._lock:
+            self._outage = behaviour
+
     def mark_detached(self, snapshot_id: str) -> None:
         with self._lock:
             self._detached.add(str(snapshot_id))
@@ -188,11 +217,23 @@ class SelectionsService:
     def reset_calls(self) -> None:
         with self._lock:
             self.calls.clear()
+            self.accepted = self.refused = self.peak_in_flight = 0
+
+    def admission(self) -> dict[str, int]:
+        """Accepted / refused calls and the peak in flight since the last reset."""
+        with self._lock:
+            return {
+                "accepted": self.accepted,
+                "refused": self.refused,
+                "peak_in_flight": self.peak_in_flight,
+            }
 
     # -- request handling (handler threads) --------------------------------------------------
 
     def _next_behaviour(self, snapshot_id: str) -> str:
         with self._lock:
+            if self._outage is not None:
+                return self._outage
             script = self._scripts.get(snapshot_id)
             if script:
                 return script.pop(0) if len(script) > 1 else script[0]
@@ -223,6 +264,67 @@ class SelectionsService:
         except (ValueError, AttributeError):
             reason = None
         authorized = self._authorized(handler.headers.get("Authorization"))
+        with self._lock:
+            admitted = self.max_in_flight is None or self.in_flight < self.max_in_flight
+            if admitted:
+                self.in_flight += 1
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+                self.accepted += 1
+            else:
+                self.refused += 1
+            in_flight = self.in_flight
+        if not admitted:
+            status = self.overload_status
+            self._record(
+                Call(
+                    snapshot_id,
+                    key,
+                    reason,
+                    "overloaded",
+                    status,
+                    authorized,
+                    time.time(),
+                    handler.headers.get("traceparent"),
+                    in_flight=in_flight,
+                )
+            )
+            headers = {}
+            if self.overload_retry_after is not None:
+                headers["Retry-After"] = f"{self.overload_retry_after:g}"
+            handler.send_json(self.overload_status, {"error": "overloaded"}, headers)
+            return
+        finished = threading.Event()
+
+        def finish() -> None:  # the call's work is done: it no longer counts as in flight
+            if not finished.is_set():
+                finished.set()
+                with self._lock:
+                    self.in_flight -= 1
+
+        try:
+            self._serve(
+                handler,
+                snapshot_id,
+                key,
+                reason,
+                authorized=authorized,
+                in_flight=in_flight,
+                finish=finish,
+            )
+        finally:
+            finish()
+
+    def _serve(
+        self,
+        handler: _Handler,
+        snapshot_id: str,
+        key: str | None,
+        reason: Any,
+        *,
+        authorized: bool,
+        in_flight: int,
+        finish: Callable[[], None],
+    ) -> None:
         behaviour = self._next_behaviour(snapshot_id) if authorized else "unauthorized"
 
         # recorded on arrival (a slow call counts as called even if the client gave up)
@@ -232,7 +334,15 @@ class SelectionsService:
         traceparent = handler.headers.get("traceparent")
         self._record(
             Call(
-                snapshot_id, key, reason, behaviour, intended, authorized, time.time(), traceparent
+                snapshot_id,
+                key,
+                reason,
+                behaviour,
+                intended,
+                authorized,
+                time.time(),
+                traceparent,
+                in_flight=in_flight,
             )
         )
 
@@ -257,6 +367,7 @@ class SelectionsService:
                 headers["Retry-After"] = str(self.retry_after_seconds)
             if status == 401:
                 headers["WWW-Authenticate"] = 'Basic realm="selections"'
+            finish()  # before the answer goes out: the client may call again at once
             payload: dict[str, Any] = (
                 {"snapshot_id": snapshot_id, "status": "Detached", "already_detached": already}
                 if status == 200
@@ -328,6 +439,14 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/health":
             self.send_json(200, {"status": "ok"}, {})
+        elif self.path == "/stats":  # for the benchmark: admission counts and a call timeline
+            service = self.server.service
+            with service._lock:
+                timeline = [[c.at, c.in_flight, c.behaviour == "overloaded"] for c in service.calls]
+            self.send_json(200, {**service.admission(), "calls": timeline}, {})
+        elif self.path == "/reset":
+            self.server.service.reset_calls()
+            self.send_json(200, {"status": "reset"}, {})
         else:
             self.send_json(404, {"error": "no such endpoint"}, {})
 
@@ -343,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-ms", type=float, default=0.0)
     parser.add_argument("--failure-rate", type=float, default=0.0, help="share of 503 answers")
     parser.add_argument("--max-concurrent", type=int, default=None, help="capacity limit")
+    parser.add_argument(
+        "--max-in-flight", type=int, default=None, help="refuse calls beyond this many at once"
+    )
+    parser.add_argument("--overload-status", type=int, default=503, choices=(429, 503))
+    parser.add_argument(
+        "--overload-retry-after", type=float, default=None, help="Retry-After of a refusal"
+    )
     parser.add_argument("--slow-seconds", type=float, default=30.0)
     parser.add_argument("--retry-after-seconds", type=int, default=120)
     parser.add_argument(
@@ -364,6 +490,9 @@ def main(argv: list[str] | None = None) -> int:
         slow_seconds=args.slow_seconds,
         retry_after_seconds=args.retry_after_seconds,
         max_concurrent=args.max_concurrent,
+        max_in_flight=args.max_in_flight,
+        overload_status=args.overload_status,
+        overload_retry_after=args.overload_retry_after,
         seed=args.seed,
     )
     for item in args.script:

@@ -52,6 +52,8 @@ def test_retry_dag_structure(dagbag):
         "detach_call_timeout_seconds",
         "lock_ttl_seconds",
         "detach_concurrency",
+        "detach_concurrency_min",
+        "breaker_failure_threshold",
         "dry_run",
     }
     assert set(dag.params.keys()) == expected

@@ -116,7 +116,9 @@ def test_config_defaults_match_design():
         "backoff_cap_seconds": 1800,
         "detach_call_timeout_seconds": 5,
         "lock_ttl_seconds": 360,
-        "detach_concurrency": 8,
+        "detach_concurrency": 32,
+        "detach_concurrency_min": 1,
+        "breaker_failure_threshold": 5,
     }
 
 
@@ -134,11 +136,29 @@ def test_config_defaults_match_design():
         ({"lock_ttl_seconds": 240}, "lock_ttl_seconds"),  # not > max run duration
         ({"detach_concurrency": 0}, "detach_concurrency"),
         ({"detach_concurrency": 65}, "detach_concurrency"),
+        ({"detach_concurrency_min": 0}, "detach_concurrency_min"),
+        ({"breaker_failure_threshold": 0}, "breaker_failure_threshold"),
+        ({"breaker_failure_threshold": 1001}, "breaker_failure_threshold"),
     ],
 )
 def test_invalid_config_names_the_key(params, key):
     with pytest.raises(ConfigError, match=key):
         CONFIG.resolve(None, params)
+
+
+def test_concurrency_min_above_max_names_both_and_the_range():
+    with pytest.raises(ConfigError) as err:
+        CONFIG.resolve('{"detach_concurrency": 4}', {"detach_concurrency_min": 6})
+    message = str(err.value)
+    assert "detach_concurrency_min = 6 (from trigger params)" in message
+    assert "allowed: <= detach_concurrency (4)" in message
+
+
+def test_breaker_threshold_message_names_value_and_range():
+    with pytest.raises(ConfigError) as err:
+        CONFIG.resolve(None, {"breaker_failure_threshold": 0})
+    assert "breaker_failure_threshold = 0 (from trigger params) is out of range" in str(err.value)
+    assert "allowed: integer 1..1000" in str(err.value)
 
 
 SID = "0b5c1d2e-3f40-4a5b-8c6d-7e8f90a1b2c3"

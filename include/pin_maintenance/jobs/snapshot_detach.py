@@ -8,8 +8,11 @@ One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-sna
    LOCKED``; ``attempts += 1``, ``next_attempt_at = now + backoff(attempts)`` (pure function in
    ``pin_maintenance.backoff``), ``updated_at = now`` (the claim token).
 2. **Detach**: ``POST /internal/snapshots/{snapshot_id}/detach`` per row, outside any
-   transaction, at most ``detach_concurrency`` calls at a time, the outbox id as
-   ``Idempotency-Key``.
+   transaction, the outbox id as ``Idempotency-Key``. How many calls are in flight adapts
+   between ``detach_concurrency_min`` and ``detach_concurrency`` (AIMD: grow while answers are
+   healthy and fast, halve on 429/502/503/504/timeouts/connection errors, pause for a
+   ``Retry-After``); ``breaker_failure_threshold`` consecutive failed calls open the outage
+   circuit breaker (``snapshot_detach_flow`` has the rules).
 3. **Outcome** (one short transaction per batch, guarded per row by the claim token):
 
    ========================================  ==========================================
@@ -28,6 +31,12 @@ One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-sna
                                              calls this run (circuit breaker); the attempt
                                              is given back to that row and to every claimed
                                              row not yet called
+   transient failure that opened the outage  stays ``Pending``, ``last_error`` set, backoff
+   breaker (or failed in flight after it)    as set at claim, but the attempt is given back
+                                             (never quarantined by an outage); no more
+                                             calls this run; ``selections_unavailable``
+                                             (warning) once; rows not yet called are given
+                                             back
    unexpected (1xx, 3xx)                     transient (redirects are not followed)
    reason not BlockReplaced / PostDeleted    not called; ``Quarantined``, ``UnknownReason``
    ========================================  ==========================================
@@ -45,6 +54,12 @@ measured at the end of every run that held the lock (and of a dry run);
 no-op and lock-skip runs) but not after a cancellation or an auth failure, so the "no
 successful run for 15 min" rule also catches broken credentials.
 
+The outage breaker keeps no state between runs: each run starts half-open, with
+``detach_concurrency_min`` calls in flight, so during an outage a run makes at most
+``breaker_failure_threshold + detach_concurrency_min - 1`` calls and costs no row an attempt,
+and after recovery the first run drains the backlog. ``breaker_open_total`` counts runs whose
+breaker opened; ``concurrency_limit`` is the adaptive limit at the end of a run.
+
 Cancellation (stop signal) is honoured between rows: calls not yet started are given back,
 the batch's outcome transaction commits, then :class:`JobCancelled` is raised. A worker
 exception on one row is logged and recorded as a transient error of that row. When the batch
@@ -59,6 +74,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -82,6 +98,7 @@ from include.pin_maintenance.jobs.snapshot_detach_config import (  # noqa: F401 
     CONFIG,
     JOB,
 )
+from include.pin_maintenance.jobs.snapshot_detach_flow import Breaker, CallGate
 from include.pin_maintenance.runloop import (
     JobCancelled,
     LoopLimits,
@@ -107,6 +124,8 @@ class Metric:
     RUN_DURATION = "news_snapshot_detach_run_duration_seconds"
     LOCK_CONTENTION = "news_snapshot_detach_lock_contention_total"
     LAST_SUCCESS = "news_snapshot_detach_last_success_timestamp_seconds"
+    BREAKER_OPEN = "news_snapshot_detach_breaker_open_total"
+    CONCURRENCY = "news_snapshot_detach_concurrency_limit"
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,6 +139,7 @@ class Verdict(StrEnum):
     QUARANTINE = "Quarantined"
     AUTH_FAILED = "AuthFailed"  # attempt given back, circuit breaker opens
     NOT_CALLED = "NotCalled"  # attempt given back (cancelled / breaker open)
+    OUTAGE = "Outage"  # called, failed as part of an outage: attempt given back, error kept
 
 
 @dataclass(frozen=True)
@@ -131,9 +151,8 @@ class Decision:
     @property
     def is_failed_call(self) -> bool:
         """A call was made and did not succeed (news_snapshot_detach_failed_total)."""
-        return self.verdict in (Verdict.RETRY, Verdict.QUARANTINE, Verdict.AUTH_FAILED) and (
-            self.error != "UnknownReason"
-        )
+        failed = (Verdict.RETRY, Verdict.QUARANTINE, Verdict.AUTH_FAILED, Verdict.OUTAGE)
+        return self.verdict in failed and self.error != "UnknownReason"
 
 
 _PERMANENT_NAMES = {404: "HttpNotFound", 410: "HttpGone"}
@@ -141,12 +160,20 @@ _TRANSIENT_4XX = {408: "HttpRequestTimeout", 425: "HttpTooEarly", 429: "HttpTooM
 _AUTH_NAMES = {401: "HttpUnauthorized", 403: "HttpForbidden"}
 
 
-def classify(outcome: CallOutcome | None, attempts: int, max_attempts: int) -> Decision:
-    """What to do with a row after its call; ``None`` = not called. Pure, table-tested."""
+def classify(
+    outcome: CallOutcome | None, attempts: int, max_attempts: int, *, outage: bool = False
+) -> Decision:
+    """What to do with a row after its call; ``None`` = not called. Pure, table-tested.
+
+    ``outage``: the call's failure is part of the streak that opened the outage breaker (or
+    came after it); a transient answer then costs the row nothing, whatever its attempts.
+    """
     final, transient = _classify_answer(outcome)
     if final is not None:
         return final
     assert transient is not None
+    if outage:
+        return Decision(Verdict.OUTAGE, transient.error, transient.retry_after_seconds)
     if attempts >= max_attempts:
         return Decision(
             Verdict.QUARANTINE, f"{transient.error}; max_attempts {max_attempts} reached"
@@ -212,6 +239,14 @@ class DetachResult:
     batches: int = 0
     stop_reason: str = ""
     auth_failed: bool = False
+    breaker_open: bool = False  # the outage breaker opened in this run
+    breaker_failures: int = 0  # consecutive failed calls that opened it
+    outage_calls: int = 0  # called, failed in the outage, attempt given back
+    calls: int = 0  # detach calls made
+    throttled: int = 0  # 429 / 503 answers
+    retry_after_paused_seconds: float = 0.0
+    concurrency_limit: int = 0  # adaptive limit at the end of the run
+    concurrency_peak: int = 0  # most calls in flight at once
     pending: int = 0
     oldest_age_seconds: float = 0.0
     duration_ms: int = 0
@@ -236,6 +271,14 @@ class DetachResult:
             "HasMore": self.has_more,
             "StopReason": self.stop_reason,
             "AuthFailed": self.auth_failed,
+            "BreakerOpen": self.breaker_open,
+            "BreakerFailures": self.breaker_failures,
+            "OutageCalls": self.outage_calls,
+            "Calls": self.calls,
+            "Throttled": self.throttled,
+            "RetryAfterPausedSeconds": round(self.retry_after_paused_seconds, 3),
+            "ConcurrencyLimit": self.concurrency_limit,
+            "ConcurrencyPeak": self.concurrency_peak,
             "Pending": self.pending,
             "OldestAgeSeconds": round(self.oldest_age_seconds, 3),
             "DurationMs": self.duration_ms,
@@ -344,7 +387,8 @@ class _Run:
         self.backoff = Backoff(
             config["backoff_base_seconds"], config["backoff_factor"], config["backoff_cap_seconds"]
         )
-        self.breaker = threading.Event()
+        self.breaker = threading.Event()  # the 401/403 breaker
+        self.gate: CallGate | None = None  # adaptive concurrency + outage breaker (per run)
         self.result = DetachResult()
         self.span: Span = trace.INVALID_SPAN  # the run's span, once __call__ opened it
 
@@ -359,7 +403,9 @@ class _Run:
             "job_started",
             dry_run=dry_run,
             batch_size=self.cfg["batch_size"],
+            detach_concurrency_min=self.cfg["detach_concurrency_min"],
             detach_concurrency=self.cfg["detach_concurrency"],
+            breaker_failure_threshold=self.cfg["breaker_failure_threshold"],
         )
         if dry_run:
             self._dry_run()
@@ -402,6 +448,15 @@ class _Run:
         """
         conn = self.connect()
         conn.autocommit = True  # every unit of work is an explicit, short transaction
+        # real time: a Retry-After pause is a real wait, whatever clock the run bound reads
+        self.gate = CallGate(
+            int(self.cfg["detach_concurrency_min"]),
+            int(self.cfg["detach_concurrency"]),
+            int(self.cfg["breaker_failure_threshold"]),
+            deadline=time.monotonic() + float(self.cfg["max_run_duration_seconds"]),
+            stopped=lambda: self.stop.is_set() or self.breaker.is_set(),
+            on_open=self._breaker_opened,
+        )
         workers = ThreadPoolExecutor(
             max_workers=int(self.cfg["detach_concurrency"]), thread_name_prefix="detach"
         )
@@ -415,19 +470,28 @@ class _Run:
             )
             self._settle(conn)
         finally:
+            self.gate.close()
             workers.shutdown(wait=True, cancel_futures=True)
             conn.close()
             if self._in_flight is not None:  # a failure before its outcomes: end its span
                 self._in_flight.span.end()
         self.result.batches = loop.batches
         self.result.stop_reason = str(loop.stop_reason)
+        self._gate_report()
         if self.breaker.is_set():
             self.result.stop_reason = "auth_failed"
         # a stop that arrived during the last (short) batch still ends the run as cancelled
         return loop.stop_reason is StopReason.CANCELLED or self.stop.is_set()
 
+    def _calls_stopped(self) -> bool:
+        """401/403, the outage breaker, or a Retry-After beyond the run bound: no more calls."""
+        gate = self.gate
+        return self.breaker.is_set() or (
+            gate is not None and (gate.is_open or gate.stats.stopped_by_retry_after)
+        )
+
     def _batch(self, conn: psycopg.Connection, workers: ThreadPoolExecutor, index: int) -> bool:
-        if self.breaker.is_set():
+        if self._calls_stopped():
             self._settle(conn)
             return False
         in_flight = [r.id for r in self._in_flight.rows] if self._in_flight else []
@@ -449,7 +513,7 @@ class _Run:
         if not rows:
             span.end()
         full = len(rows) == self.cfg["batch_size"]
-        return full and not self.breaker.is_set()
+        return full and not self._calls_stopped()
 
     def _settle(self, conn: psycopg.Connection) -> None:
         """Wait for the in-flight batch's calls and record its outcomes (one transaction)."""
@@ -457,13 +521,19 @@ class _Run:
         if batch is None:
             return
         with resumed(batch.span) as span:
+            # every call first: whether a failure belongs to the outage is known once all are in
+            futures.wait(batch.calls.values())
             decisions = []
             for row in batch.rows:
                 if row.reason not in KNOWN_REASONS:
                     decision = Decision(Verdict.QUARANTINE, "UnknownReason")
                 else:
+                    outcome = batch.calls[row.id].result()
                     decision = classify(
-                        batch.calls[row.id].result(), row.attempts, self.cfg["max_attempts"]
+                        outcome,
+                        row.attempts,
+                        self.cfg["max_attempts"],
+                        outage=outcome is not None and self.gate.outage_row(row.id),
                     )
                 decisions.append((row, decision))
             self._record(conn, decisions)
@@ -516,6 +586,10 @@ class _Run:
         """
         if self.stop.is_set() or self.breaker.is_set():
             return None
+        assert self.gate is not None  # made by _run_batches before any call is queued
+        ticket = self.gate.acquire()  # waits for a slot (adaptive limit, Retry-After pause)
+        if ticket is None:  # breaker open, stopped, or a Retry-After past the run bound
+            return None
         attributes = {
             "http.request.method": "POST",
             "url.template": DETACH_PATH,
@@ -534,6 +608,7 @@ class _Run:
                     span.set_attribute("http.response.status_code", outcome.status_code)
                 if decision.verdict is not Verdict.DONE:
                     record_error(span, str(outcome.status_code or outcome.error_class))
+        self.gate.release(ticket, row.id, outcome)
         return outcome
 
     def _detach(self, row: ClaimedRow) -> CallOutcome:
@@ -554,10 +629,61 @@ class _Run:
             self.breaker.set()
         return outcome
 
+    def _breaker_opened(self, breaker: Breaker, outcome: CallOutcome) -> None:
+        """On the worker thread whose call opened the outage breaker: log it (once)."""
+        self.log.warning(
+            "breaker_open",
+            consecutive_failures=breaker.failures_at_open,
+            error_code=classify(outcome, 1, 2).error,
+        )
+
+    def _gate_report(self) -> None:
+        """Breaker state and concurrency into the result, metrics and (once) the alert."""
+        gate, r = self.gate, self.result
+        if gate is None:
+            return
+        r.calls = gate.stats.calls
+        r.throttled = gate.stats.throttled
+        r.retry_after_paused_seconds = gate.stats.paused_seconds
+        r.concurrency_limit = gate.limit.slots
+        r.concurrency_peak = gate.stats.peak_in_flight
+        self.t.metrics.gauge(Metric.CONCURRENCY, r.concurrency_limit)
+        if gate.stats.stopped_by_retry_after and not gate.is_open:
+            self.result.stop_reason = "retry_after"
+            self.log.warning("calls_paused_past_run_bound", throttled=r.throttled)
+        if not gate.is_open:
+            return
+        r.breaker_open = True
+        r.breaker_failures = gate.breaker.failures_at_open
+        self.result.stop_reason = "selections_unavailable"
+        self.t.metrics.incr(Metric.BREAKER_OPEN)
+        self.t.alerts.send(
+            Alert(
+                "selections_unavailable",
+                "warning",
+                f"selections failed {r.breaker_failures} detach calls in a row; calls stopped "
+                f"for this run after {r.calls} call(s), {r.outage_calls} of them and every "
+                "row not called cost no attempt. The next run probes again.",
+                {
+                    "consecutive_failures": r.breaker_failures,
+                    "calls": r.calls,
+                    "outage_calls": r.outage_calls,
+                    "given_back": r.given_back,
+                },
+            )
+        )
+
     # -- outcomes --------------------------------------------------------------------------
 
     def _plan(self, row: ClaimedRow, decision: Decision, now: datetime) -> _Applied:
         v = decision.verdict
+        if v is Verdict.OUTAGE:  # the attempt is given back; the backoff (or Retry-After) stays
+            next_at = row.next_attempt_at
+            if decision.retry_after_seconds is not None:
+                next_at = max(next_at, now + timedelta(seconds=decision.retry_after_seconds))
+            return _Applied(
+                row, decision, "Pending", row.attempts - 1, next_at, decision.error, False
+            )
         if v in (Verdict.NOT_CALLED, Verdict.AUTH_FAILED):
             return _Applied(
                 row,
@@ -690,6 +816,16 @@ class _Run:
                         {"error": decision.error},
                     )
                 )
+        elif v is Verdict.OUTAGE:
+            self.result.outage_calls += 1
+            self.result.given_back += 1
+            self.log.info(
+                "entry_outage",
+                snapshot_id=row.snapshot_id,
+                attempts=row.attempts - 1,
+                error_code=decision.error,
+                next_attempt_at=plan.next_attempt_at.isoformat(),
+            )
         else:
             self.result.given_back += 1
             self.log.info(
@@ -717,6 +853,13 @@ class _Run:
             given_back=r.given_back,
             claimed=r.claimed,
             batches=r.batches,
+            calls=r.calls,
+            breaker="open" if r.breaker_open else "closed",
+            breaker_failures=r.breaker_failures,
+            outage_calls=r.outage_calls,
+            throttled=r.throttled,
+            concurrency_limit=r.concurrency_limit,
+            concurrency_peak=r.concurrency_peak,
             stop_reason=r.stop_reason or ("dry_run" if r.dry_run else "lock_busy"),
             pending=r.pending,
             durationMs=r.duration_ms,

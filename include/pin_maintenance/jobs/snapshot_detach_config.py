@@ -56,10 +56,27 @@ CONFIG = ConfigSpec(
         ),
         Setting(
             "detach_concurrency",
-            8,
+            32,
             minimum=1,
             maximum=64,
-            help="Detach calls in flight at once within a batch.",
+            help="Most detach calls in flight at once; the run adapts between "
+            "detach_concurrency_min and this (grows on healthy answers, halves on 429/503/"
+            "timeouts).",
+        ),
+        Setting(
+            "detach_concurrency_min",
+            1,
+            minimum=1,
+            maximum=64,
+            help="Calls in flight when a run starts (half-open) and the least it cuts to.",
+        ),
+        Setting(
+            "breaker_failure_threshold",
+            5,
+            minimum=1,
+            maximum=1000,
+            help="Consecutive failed calls (transport error, timeout, 5xx) that stop calling "
+            "for the rest of the run; those calls and every row not called cost no attempt.",
         ),
     ),
     rules=(
@@ -67,6 +84,11 @@ CONFIG = ConfigSpec(
             "backoff_cap_seconds",
             lambda v: v["backoff_cap_seconds"] >= v["backoff_base_seconds"],
             lambda v: f">= backoff_base_seconds ({v['backoff_base_seconds']})",
+        ),
+        Rule(
+            "detach_concurrency_min",
+            lambda v: v["detach_concurrency_min"] <= v["detach_concurrency"],
+            lambda v: f"<= detach_concurrency ({v['detach_concurrency']})",
         ),
         Rule(
             "lock_ttl_seconds",

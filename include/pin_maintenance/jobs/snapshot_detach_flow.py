@@ -1,0 +1,278 @@
+"""How many detach calls the job has in flight, and when it stops calling (issue 16).
+
+Two rules sit between the job's worker threads and the selections service:
+
+- **Adaptive concurrency** (:class:`AdaptiveLimit`, AIMD like TCP's congestion control): a run
+  starts with ``detach_concurrency_min`` calls in flight and grows while answers are healthy
+  and their latency holds (``+1`` per success below the threshold found by the last cut, then
+  ``+1`` per window of ``limit`` successes), never beyond ``detach_concurrency``. A congestion
+  signal (429, 502, 503, 504, a timeout, a connection error) halves it, at most once per
+  window (calls started before the cut cannot cut again), never below the minimum, and
+  remembers where it happened: the last step below that ceiling grows
+  :data:`PLATEAU_FACTOR` times slower (a service with a fixed capacity is probed about once
+  per 50 calls instead of once per 10), and once the limit passes the ceiling without a new
+  congestion signal the ceiling is forgotten (the service has grown). A healthy
+  answer slower than :data:`LATENCY_TOLERANCE` times the fastest one seen in the run holds the
+  limit where it is instead of growing it (a queueing service answers slower before it fails).
+- **Retry-After**: a 429 or 503 that carries ``Retry-After`` pauses every new call for that
+  long (the row itself is due no earlier either). A pause longer than
+  :data:`MAX_PAUSE_SECONDS`, or one that would end after the run's bound
+  (``max_run_duration_seconds``), stops calling for the rest of the run instead: the next run
+  is minutes away, and a run must not hold its lock idle.
+- **Circuit breaker** (systemic failure): ``breaker_failure_threshold`` consecutive failed
+  calls (transport error, timeout, any 5xx) open it; any other answer (2xx, 4xx, 429) resets
+  the count, so scattered 503s among successes never open it. Once open, no call starts for
+  the rest of the run. The calls whose failures opened it, and those already in flight that
+  fail after it, are the outage's evidence, not the rows' fault: the job gives their attempt
+  back (see ``snapshot_detach``). Nothing is remembered between runs (no job state outside the
+  outbox): every run starts half-open, with ``detach_concurrency_min`` calls in flight, so a
+  run during an outage makes at most ``breaker_failure_threshold + detach_concurrency_min - 1``
+  calls before it stops, and the first run after recovery drains the backlog.
+
+:class:`CallGate` is the thread-safe part the worker threads go through; the rules themselves
+(:func:`call_signal`, :class:`AdaptiveLimit`, :class:`Breaker`) are plain objects without
+threads or clocks, table-tested in ``tests/unit``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+
+LATENCY_TOLERANCE = 2.0  # healthy answers slower than this times the fastest seen: do not grow
+DECREASE_FACTOR = 0.5  # multiplicative cut on a congestion signal
+PLATEAU_FACTOR = 0.1  # growth within one call of the last congestion point
+MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
+_CONGESTION_CODES = frozenset({429, 502, 503, 504})
+_CONGESTION_ERRORS = frozenset({"Timeout", "ConnectionError"})
+
+
+class Signal(StrEnum):
+    HEALTHY = "healthy"  # 2xx: the service works; grow
+    ANSWERED = "answered"  # another 4xx: the service works, the row is the problem
+    THROTTLED = "throttled"  # 429: the service works but asks us to slow down
+    OVERLOADED = "overloaded"  # 502/503/504, timeout, connection error: cut and count
+    FAILED = "failed"  # another 5xx or transport error: count, do not cut
+    OTHER = "other"  # our own client's error (ClientError:...), 1xx/3xx: neither
+
+
+def call_signal(outcome: CallOutcome) -> Signal:
+    """What one call's outcome says about the service (pure, table-tested)."""
+    code = outcome.status_code
+    if code is None:
+        error = outcome.error_class or ""
+        if error in _CONGESTION_ERRORS:
+            return Signal.OVERLOADED
+        return Signal.OTHER if error.startswith("ClientError") else Signal.FAILED
+    if 200 <= code < 300:
+        return Signal.HEALTHY
+    return _code_signal(code) if 400 <= code < 600 else Signal.OTHER
+
+
+def _code_signal(code: int) -> Signal:
+    if code == 429:
+        return Signal.THROTTLED
+    if code in _CONGESTION_CODES:
+        return Signal.OVERLOADED
+    if code >= 500:
+        return Signal.FAILED
+    return Signal.ANSWERED
+
+
+def counts_for_breaker(signal: Signal) -> bool | None:
+    """True = a failure in a row, False = resets the count, None = leaves it alone."""
+    if signal in (Signal.OVERLOADED, Signal.FAILED):
+        return True
+    if signal in (Signal.HEALTHY, Signal.ANSWERED, Signal.THROTTLED):
+        return False
+    return None
+
+
+@dataclass
+class AdaptiveLimit:
+    """AIMD concurrency limit between ``minimum`` and ``maximum`` (no threads, no clock)."""
+
+    minimum: int
+    maximum: int
+    limit: float = 0.0
+    threshold: float = 0.0  # slow start (+1 per success) below it, +1/limit above
+    epoch: int = 0  # cuts so far; a call remembers the epoch it started in
+    fastest: float = math.inf
+    ceiling: float = math.inf  # the limit at the last congestion signal
+    cuts: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(f"need 1 <= minimum <= maximum, got {self.minimum}..{self.maximum}")
+        self.limit = float(self.minimum)
+        self.threshold = float(self.maximum)
+
+    @property
+    def slots(self) -> int:
+        return max(self.minimum, min(self.maximum, int(self.limit)))
+
+    def on_healthy(self, latency: float) -> None:
+        self.fastest = min(self.fastest, latency)
+        if latency > LATENCY_TOLERANCE * self.fastest:
+            return  # latency does not hold: stay where we are
+        step = 1.0 if self.limit < self.threshold else 1.0 / self.limit
+        if self.limit >= self.ceiling - 1:
+            step *= PLATEAU_FACTOR  # close to where the service pushed back last time
+        self.limit = min(float(self.maximum), self.limit + step)
+        if self.limit > self.ceiling:
+            self.ceiling = math.inf  # past it without a complaint: the service has grown
+
+    def on_congestion(self, started_epoch: int) -> bool:
+        """Cut once per window: a call started before the last cut does not cut again."""
+        if started_epoch < self.epoch:
+            return False
+        self.ceiling = self.limit
+        self.limit = max(float(self.minimum), self.limit * DECREASE_FACTOR)
+        self.threshold = self.limit
+        self.epoch += 1
+        self.cuts += 1
+        return True
+
+
+@dataclass
+class Breaker:
+    """Consecutive failed calls open it; the rows of that streak are the outage's evidence."""
+
+    threshold: int
+    is_open: bool = False
+    streak: list[str] = field(default_factory=list)  # row ids of the current failure streak
+    outage_rows: set[str] = field(default_factory=set)
+    failures_at_open: int = 0
+
+    def record(self, row_id: str, signal: Signal) -> bool:
+        """Count one finished call; True when this call opened the breaker."""
+        counted = counts_for_breaker(signal)
+        if self.is_open:
+            if counted:
+                self.outage_rows.add(row_id)  # in flight when it opened, failed the same way
+            return False
+        if counted is None:
+            return False
+        if not counted:
+            self.streak.clear()
+            return False
+        self.streak.append(row_id)
+        if len(self.streak) < self.threshold:
+            return False
+        self.is_open = True
+        self.failures_at_open = len(self.streak)
+        self.outage_rows.update(self.streak)
+        return True
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """One admitted call: the window it started in and when."""
+
+    epoch: int
+    started: float
+
+
+@dataclass
+class GateStats:
+    calls: int = 0
+    throttled: int = 0  # 429 and 503 answers
+    peak_in_flight: int = 0
+    paused_seconds: float = 0.0
+    stopped_by_retry_after: bool = False
+
+
+class CallGate:
+    """The thread-safe gate every detach call passes: limit, pause, breaker.
+
+    ``acquire`` blocks until the call may start and returns a :class:`Ticket`, or None when it
+    must not be made (breaker open, calls stopped, or a Retry-After pause reaching past the
+    run's bound); ``release`` reports the outcome. ``on_open`` runs once, on the worker thread
+    whose call opened the breaker (it only logs).
+    """
+
+    def __init__(
+        self,
+        minimum: int,
+        maximum: int,
+        breaker_threshold: int,
+        *,
+        deadline: float,
+        stopped: Callable[[], bool],
+        on_open: Callable[[Breaker, CallOutcome], None] = lambda breaker, outcome: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limit = AdaptiveLimit(minimum, maximum)
+        self.breaker = Breaker(breaker_threshold)
+        self.stats = GateStats()
+        self._deadline = deadline
+        self._stopped = stopped
+        self._on_open = on_open
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._paused_until = 0.0
+
+    @property
+    def is_open(self) -> bool:
+        return self.breaker.is_open
+
+    def outage_row(self, row_id: str) -> bool:
+        with self._cond:
+            return row_id in self.breaker.outage_rows
+
+    def close(self) -> None:
+        """Wake every waiting worker (they then see the stop and return None)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def acquire(self) -> Ticket | None:
+        with self._cond:
+            while True:
+                if self.breaker.is_open or self.stats.stopped_by_retry_after or self._stopped():
+                    return None
+                now = self._clock()
+                if self._paused_until > now:
+                    if self._paused_until >= self._deadline:
+                        self.stats.stopped_by_retry_after = True
+                        self._cond.notify_all()
+                        return None
+                    self._cond.wait(min(self._paused_until - now, 0.2))
+                    continue
+                if self._in_flight < self.limit.slots:
+                    self._in_flight += 1
+                    self.stats.calls += 1
+                    self.stats.peak_in_flight = max(self.stats.peak_in_flight, self._in_flight)
+                    return Ticket(self.limit.epoch, now)
+                self._cond.wait(0.2)  # woken by a release; the timeout rechecks the stop signal
+
+    def release(self, ticket: Ticket, row_id: str, outcome: CallOutcome) -> None:
+        opened = False
+        with self._cond:
+            self._in_flight -= 1
+            now = self._clock()
+            signal = call_signal(outcome)
+            if signal is Signal.HEALTHY:
+                self.limit.on_healthy(now - ticket.started)
+            elif signal in (Signal.THROTTLED, Signal.OVERLOADED):
+                self.limit.on_congestion(ticket.epoch)
+            if outcome.status_code in (429, 503):
+                self.stats.throttled += 1
+                wait = outcome.retry_after_seconds
+                if wait and wait > MAX_PAUSE_SECONDS:
+                    self.stats.stopped_by_retry_after = True
+                elif wait:
+                    until = now + wait
+                    if until > self._paused_until:
+                        self.stats.paused_seconds += until - max(self._paused_until, now)
+                        self._paused_until = until
+            opened = self.breaker.record(row_id, signal)
+            self._cond.notify_all()
+        if opened:
+            self._on_open(self.breaker, outcome)
