@@ -51,6 +51,10 @@ def find_statsd_exporter() -> str | None:
 def require_tools() -> dict[str, str]:
     """The three binaries, or skip naming what is missing."""
     exporter = find_statsd_exporter()
+    if exporter is None and os.environ.get(STATSD_EXPORTER_ENV):
+        pytest.skip(
+            f"{STATSD_EXPORTER_ENV}={os.environ[STATSD_EXPORTER_ENV]} is not an executable file"
+        )
     if exporter is None:
         pytest.skip(
             "statsd_exporter not found: put upstream's binary on PATH or set "

@@ -7,9 +7,10 @@ The tests run in file order on one chain (module fixture):
 
 1. a fresh exporter and Prometheus (a first deployment), then each provokable condition once:
    quarantine, auth failure, poison slot, retention batch failure, lock held too long, one
-   busy night (no page) and a second one (page), an old Pending row (the lag rule; its
-   ``for: 15m`` and the poison-slot errors rule's ``for: 30m`` are too long here, so their
-   expressions are evaluated through the query API); nothing else pages;
+   busy night (no page) and a second one (page), an old Pending row (the lag rule), ten 503s
+   (the failure spike rule); the ``for:`` of those two (15 min, 10 min) and of the poison-slot
+   errors rule (30 min) are too long here, so their expressions are evaluated through the
+   query API; nothing else pages;
 2. an exporter restart, a Prometheus restart and a healthy run: no rule becomes pending, nothing
    new reaches the receiver; the liveness rules' expressions, evaluated at later times through
    the query API, show that a job that really stops still pages in the seed's window
@@ -135,9 +136,12 @@ def test_each_condition_pages_the_first_time_after_a_fresh_exporter(
     since = time.time()
 
     # quarantine (404 from selections) + an old Pending row not yet due (the lag/backlog rule)
+    # + 10 calls answered 503 among 2 good ones (the failure spike rule)
     insert_entries(job_db, 2)
     gone = insert_entry(job_db)
     selections.script(gone.snapshot_id, "not_found")
+    for flaky in insert_entries(job_db, 10):
+        selections.script(flaky.snapshot_id, "error_503")
     insert_entry(job_db, due_in=timedelta(hours=1), created_ago=timedelta(hours=1))
     done = dags_test(chain, dags_home, job_db, DETACH, selections=selections)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
@@ -195,8 +199,9 @@ def test_each_condition_pages_the_first_time_after_a_fresh_exporter(
         "dag_id": DETACH,
     }
     assert gone.snapshot_id in task_alert["annotations"]["details"]
-    # rules whose `for:` is too long here (15 min, 30 min): their expressions hold
+    # rules whose `for:` is too long here (15, 10 and 30 min): their expressions hold
     assert chain.query(chain.rule_expr("NewsSnapshotDetachLagSLOAtRisk")) != []
+    assert chain.query(chain.rule_expr("NewsSnapshotDetachFailureSpike")) != []
     assert chain.query(chain.rule_expr("CalendarSlotExpirationErrors")) != []
     # and nothing else paged: no liveness rule (a first deployment), no failure spike
     unexpected = set(chain.received()) - PROVOKED - {"task_failed"}
