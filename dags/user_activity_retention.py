@@ -21,8 +21,8 @@ transaction; a crash, a failed batch or a bound (`max_batches_per_run`,
 manual rerun) finishes them. `delete_sessions` deletes only sessions with no children left, so
 it never hits the RESTRICT foreign keys. A Postgres advisory lock
 (`job:scheduled:activity-retention`) keeps a second runner out: a task that finds it busy logs
-`lock_skip`, counts `activity_retention_lock_contention_total` and succeeds without doing
-anything.
+`lock_skip` and succeeds without doing anything; `report` counts
+`activity_retention_lock_contention_total` once for such a run and records no run duration.
 
 **Params** (empty = the Variable `user_activity_retention` (JSON) or the default):
 `retention_period_days` (>= 1), `batch_size` (1..50000), `max_batches_per_run` (>= 1, per

@@ -6,8 +6,11 @@
 # running as root with apt-get available, `apt-get install -y --no-install-recommends` it
 # (with one `apt-get update` first if the package is unknown). Never uses sudo, never
 # prompts. Exit 0 when every command is present afterwards, 1 otherwise (the caller skips its
-# suite with a message). Used by the Celery e2e suite (Redis broker) and the Prometheus rule
-# tests (promtool); CI runs as root.
+# suite with a message). Used by the Celery e2e suite (Redis broker), the Prometheus rule
+# tests (promtool) and the alert chain suite (prometheus, prometheus-alertmanager); CI runs as
+# root. Tests run these daemons as their own processes on free loopback ports, so a service a
+# package starts on install (Debian's prometheus and prometheus-alertmanager do, where
+# policy-rc.d allows it) is stopped and disabled again right after the install.
 set -uo pipefail
 
 missing=()
@@ -39,6 +42,19 @@ if ! apt_install >/tmp/ensure_system_packages.log 2>&1; then
     exit 1
   fi
 fi
+
+# stop and disable what the install started: every init script / systemd unit of the packages
+# just installed (never a service of a package that was already there)
+for pkg in "${missing[@]}"; do
+  while read -r unit; do
+    name=$(basename "$unit"); name=${name%.service}
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+      systemctl disable --now "$name" >>/tmp/ensure_system_packages.log 2>&1 || true
+    elif [ -x "/etc/init.d/$name" ]; then
+      "/etc/init.d/$name" stop >>/tmp/ensure_system_packages.log 2>&1 || true
+    fi
+  done < <(dpkg -L "$pkg" 2>/dev/null | grep -E '^/etc/init\.d/[^/]+$|^/(usr/)?lib/systemd/system/[^/]+\.service$' | sort -u)
+done
 
 for cmd in "${commands[@]}"; do
   command -v "$cmd" >/dev/null 2>&1 || { echo "ensure_system_packages: $cmd still missing" >&2; exit 1; }

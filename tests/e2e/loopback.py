@@ -25,6 +25,7 @@ class RecordingWebhook:
         self.delay = delay
         self.received: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
         self.received_at: list[float] = []  # unix time of each POST
         self._lock = threading.Lock()
         webhook = self
@@ -36,6 +37,7 @@ class RecordingWebhook:
                 with webhook._lock:
                     webhook.received_at.append(time.time())
                     webhook.headers.append(dict(self.headers.items()))
+                    webhook.paths.append(self.path)
                     try:
                         webhook.received.append(json.loads(raw))
                     except ValueError:

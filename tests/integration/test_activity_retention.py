@@ -159,6 +159,12 @@ def test_empty_run_is_a_successful_noop(db):
     assert metrics.gauges["activity_retention_eligible_backlog"] == 0
     assert "activity_retention_last_success_timestamp_seconds" in metrics.gauges
     assert "activity_retention_run_duration_seconds" in metrics.timings
+    # every counter is sent at 0 (statsd_exporter then has the series before its first event)
+    assert metrics.counters == {
+        **dict.fromkeys(job.DELETED_METRIC.values(), 0),
+        job.M_BATCHES: 0,
+        job.M_LOCK_CONTENTION: 0,
+    }
 
 
 def test_children_go_before_parents_without_restrict_errors(db, seeded):
@@ -383,7 +389,23 @@ def test_busy_lock_is_a_noop_success_with_contention_metric(db, seeded):
     assert step.lock_skipped and step.has_more and step.rows == 0
     assert metrics.counters["activity_retention_lock_contention_total"] == 1
     assert "activity_retention_last_success_timestamp_seconds" in metrics.gauges
+    assert "activity_retention_run_duration_seconds" not in metrics.timings  # a skip is no run
     assert counts(db) == before
+
+
+def test_a_busy_run_of_the_dag_shape_counts_one_contention_not_one_per_task(db, seeded):
+    """The DAG's shape: prepare, three delete tasks that each find the lock busy, report."""
+    metrics = RecordingMetrics()
+    tel = telemetry(metrics=metrics)
+    with advisory_lock(connect_to(db), job.LOCK_NAME, 60) as held:
+        assert held
+        plan = job.prepare(connect_to(db), config(), tel)
+        steps = [job.delete_step(connect_to(db), plan, t, tel, StopSignal()) for t in job.TABLES]
+    job.report(plan, steps, tel)
+
+    assert all(s.lock_skipped for s in steps)
+    assert metrics.counters["activity_retention_lock_contention_total"] == 1
+    assert "activity_retention_run_duration_seconds" not in metrics.timings
 
 
 def test_two_runs_at_once_delete_every_row_exactly_once(db, seeded):
@@ -664,7 +686,10 @@ def test_dry_run_counts_and_changes_nothing(db, seeded):
         "WouldDeleteActionEvents": 60,
     }
     assert {t: snapshot(db, t) for t in TABLES} == before
-    assert not any(name.startswith("activity_retention_deleted") for name in metrics.counters)
+    deleted = {
+        n: v for n, v in metrics.counters.items() if n.startswith("activity_retention_deleted")
+    }
+    assert set(deleted.values()) <= {0}  # sent at 0 only (the series exists), nothing counted
 
 
 def test_dry_run_respects_the_batch_bound(db, seeded):

@@ -104,6 +104,8 @@ def test_empty_run_calls_nothing_and_changes_nothing(db, service):
     assert telemetry.metrics.gauges[Metric.OLDEST_AGE] >= 300
     assert Metric.LAST_SUCCESS in telemetry.metrics.gauges
     assert {future.snapshot_id, done.snapshot_id, quarantined.snapshot_id} == set(before)
+    # every counter is sent at 0 (statsd_exporter then has the series before its first event)
+    assert telemetry.metrics.counters == dict.fromkeys(Metric.COUNTERS, 0)
 
 
 @pytest.mark.parametrize(
@@ -210,6 +212,7 @@ def test_busy_lock_skips_the_run_as_success(db, service):
     assert rows(db)[entry.snapshot_id].attempts == 0
     assert telemetry.metrics.counters[Metric.LOCK_CONTENTION] == 1
     assert Metric.LAST_SUCCESS in telemetry.metrics.gauges
+    assert Metric.RUN_DURATION not in telemetry.metrics.timings  # a skip is no run
 
 
 def test_lock_held_past_a_whole_run_raises_lock_held_too_long(db, service):

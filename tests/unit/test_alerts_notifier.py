@@ -3,7 +3,9 @@
 DESIGN section 4: one greppable WARNING/ERROR line per alert, a JSON POST of
 {"alert","severity","dag_id","run_id","summary","details"} to the http connection
 ``alerts_webhook`` when it exists, delivery failures logged and never raised, bounded by a
-timeout, duplicates within a run sent once.
+timeout, duplicates within a run sent once. With the http connection ``alertmanager``, the
+same alert also goes to Alertmanager's v2 API (labels alertname/severity/dag_id), and the
+webhook stays as it is. (A real Alertmanager receives them in tests/e2e/test_alert_chain.py.)
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +176,68 @@ def test_notifier_logs_no_url_or_body_anywhere(monkeypatch, caplog, status) -> N
     assert "s3cretT0ken" not in text
     if status:
         assert f"status={status}" in text
+
+
+def use_alertmanager(monkeypatch: pytest.MonkeyPatch, base_url: str) -> None:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ALERTMANAGER", json.dumps({"conn_type": "http", "host": base_url})
+    )
+
+
+def test_alertmanager_gets_a_v2_alert_and_the_webhook_its_payload(monkeypatch, records) -> None:
+    with RecordingWebhook() as hook, RecordingWebhook() as manager:
+        use_webhook(monkeypatch, hook.url)
+        use_alertmanager(monkeypatch, manager.url.removesuffix("/alerts"))
+        Notifier("news_snapshot_detach_retry", "scheduled__1", logging.getLogger("t")).send(
+            QUARANTINE
+        )
+
+    assert [a["alert"] for a in hook.received] == ["snapshot_detach_quarantined"]
+    assert manager.paths == ["/api/v2/alerts"]
+    [[posted]] = manager.received
+    assert posted["labels"] == {
+        "alertname": "snapshot_detach_quarantined",
+        "severity": "critical",
+        "dag_id": "news_snapshot_detach_retry",
+    }
+    assert posted["annotations"]["summary"] == QUARANTINE.summary
+    assert posted["annotations"]["runbook_url"] == "docs/runbooks/snapshot-detach-quarantined.md"
+    assert posted["annotations"]["run_id"] == "scheduled__1"
+    assert json.loads(posted["annotations"]["details"]) == QUARANTINE.details
+    starts = datetime.fromisoformat(posted["startsAt"])
+    ends = datetime.fromisoformat(posted["endsAt"])
+    assert (ends - starts).total_seconds() == notify.ALERTMANAGER_EVENT_SECONDS
+    assert starts.tzinfo is not None
+
+
+def test_every_task_alert_name_has_a_runbook_that_exists() -> None:
+    repo = Path(__file__).resolve().parents[2]
+    for (name, dag_id), path in notify.RUNBOOKS_BY_DAG.items():
+        assert notify.runbook_for(name, dag_id) == path
+    for path in [*notify.RUNBOOKS.values(), *notify.RUNBOOKS_BY_DAG.values()]:
+        assert (repo / path).is_file(), path
+    assert notify.runbook_for("lock_held_too_long", "calendar_slot_expiration") == (
+        notify.RUNBOOK_INDEX
+    )
+
+
+def test_unreachable_alertmanager_is_logged_and_the_webhook_still_gets_it(
+    monkeypatch, records
+) -> None:
+    with RecordingWebhook() as hook:
+        use_webhook(monkeypatch, hook.url)
+        use_alertmanager(monkeypatch, f"http://127.0.0.1:{free_port()}")  # nothing listens
+        Notifier("d", "r", logging.getLogger("test_alerts_notifier")).send(QUARANTINE)
+    assert len(hook.received) == 1
+    [failure] = records.lines("PIN_ALERT_DELIVERY_FAILED")
+    assert "target=alertmanager" in failure.getMessage()
+
+
+def test_alertmanager_rejecting_the_alert_is_logged_not_raised(monkeypatch, records) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_ALERTS_WEBHOOK", raising=False)
+    with RecordingWebhook(status=400) as manager:
+        use_alertmanager(monkeypatch, manager.url.removesuffix("/alerts"))
+        Notifier("d", "r", logging.getLogger("test_alerts_notifier")).send(QUARANTINE)
+    assert len(manager.received) == 1
+    [failure] = records.lines("PIN_ALERT_DELIVERY_FAILED")
+    assert "target=alertmanager" in failure.getMessage() and "status=400" in failure.getMessage()

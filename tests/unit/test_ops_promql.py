@@ -20,7 +20,8 @@ PROMQL_WORDS = {
     "group_right", "and", "or", "unless", "offset", "bool", "rate", "irate", "increase",
     "delta", "deriv", "histogram_quantile", "time", "absent", "clamp_min", "clamp_max",
     "min_over_time", "max_over_time", "avg_over_time", "vector", "scalar", "topk", "bottomk",
-    "abs", "ceil", "floor", "round", "timestamp",
+    "abs", "ceil", "floor", "round", "timestamp", "last_over_time", "absent_over_time",
+    "present_over_time",
 }  # fmt: skip
 
 
@@ -39,7 +40,7 @@ def known_series() -> set[str]:
     """The Prometheus series the mapping produces from ops/metrics.yml."""
     catalog = yaml.safe_load((REPO / "ops" / "metrics.yml").read_text())
     series: set[str] = set()
-    for section in ("metrics", "airflow_metrics"):
+    for section in ("metrics", "airflow_metrics", "exporter_metrics"):
         for name, spec in catalog[section].items():
             if spec["type"] == "timing":  # a histogram
                 series |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}

@@ -183,7 +183,7 @@ def test_unreachable_database_fails_the_cycle_and_counts_an_error(tmp_path):
 
     with pytest.raises(psycopg.OperationalError):
         se.run(connect, {}, telemetry, StopSignal())
-    assert metrics.counters == {se.M_ERRORS: 1}
+    assert metrics.counters == {se.M_ITEMS: 0, se.M_SKIP_LOCKED: 0, se.M_ERRORS: 1}
     assert se.M_LAST_SUCCESS not in metrics.gauges
 
 

@@ -126,6 +126,9 @@ class Metric:
     LAST_SUCCESS = "news_snapshot_detach_last_success_timestamp_seconds"
     BREAKER_OPEN = "news_snapshot_detach_breaker_open_total"
     CONCURRENCY = "news_snapshot_detach_concurrency_limit"
+    # emitted at 0 at the start of every run (statsd_exporter creates a counter at its first
+    # value; a series that first appears above 0 shows Prometheus no rise)
+    COUNTERS = (RETRIED, SUCCEEDED, FAILED, QUARANTINED, LOCK_CONTENTION, BREAKER_OPEN)
 
 
 # --------------------------------------------------------------------------------------------
@@ -399,6 +402,8 @@ class _Run:
     def _run(self, dry_run: bool) -> DetachResult:
         started = self.monotonic()
         self.result.dry_run = dry_run
+        for counter in Metric.COUNTERS:
+            self.t.metrics.incr(counter, 0)
         self.log.info(
             "job_started",
             dry_run=dry_run,
@@ -418,7 +423,7 @@ class _Run:
                 limit = self.cfg["max_run_duration_seconds"]
                 if alert := lock_held_too_long(self.connect, self.lock_name, limit, job=JOB):
                     self.t.alerts.send(alert)
-                return self._finish(started, success=True, gauges=False)
+                return self._finish(started, success=True, lock_busy=True)
             cancelled = self._run_batches()
         self._finish(started, success=not cancelled and not self.result.auth_failed)
         if cancelled:
@@ -834,12 +839,13 @@ class _Run:
 
     # -- end of run ------------------------------------------------------------------------
 
-    def _finish(self, started: float, *, success: bool, gauges: bool = True) -> DetachResult:
-        if gauges:
+    def _finish(self, started: float, *, success: bool, lock_busy: bool = False) -> DetachResult:
+        if not lock_busy:
             self._measure_backlog()
         elapsed = max(self.monotonic() - started, 0.0)
         self.result.duration_ms = int(elapsed * 1000)
-        self.t.metrics.timing(Metric.RUN_DURATION, timedelta(seconds=elapsed))
+        if not lock_busy:  # a skip is no run: its few ms would dilute the duration rules
+            self.t.metrics.timing(Metric.RUN_DURATION, timedelta(seconds=elapsed))
         if success:
             self.t.metrics.gauge(Metric.LAST_SUCCESS, time.time())
         r = self.result

@@ -1,9 +1,17 @@
-"""Alert delivery: one greppable log line per alert, then an optional JSON POST to a webhook.
+"""Alert delivery: one greppable log line per alert, then optional POSTs to a webhook and to
+Alertmanager.
 
-The payload is DESIGN section 4's ``{"alert", "severity", "dag_id", "run_id", "summary",
-"details"}``. The webhook is the http connection ``alerts_webhook``; without it the log line is
-the alert. Used by the deadline callback (a scheduler-side process) and, through the bundle's
-``include.pin_airflow.runtime``, by every task-side alert, so both are delivered the same way.
+The webhook payload is DESIGN section 4's ``{"alert", "severity", "dag_id", "run_id",
+"summary", "details"}``; the webhook is the http connection ``alerts_webhook``. With the http
+connection ``alertmanager`` (host = Alertmanager's base URL, e.g. ``http://alertmanager:9093``),
+each alert is also posted to Alertmanager's v2 API (``POST /api/v2/alerts``) with the labels
+``alertname`` (the alert's name), ``severity`` and ``dag_id`` and the annotations ``summary``,
+``runbook_url``, ``run_id`` and ``details``, so task alerts share the routing, silences and
+dedupe of the Prometheus rules (ops/README.md). It stays active for
+:data:`ALERTMANAGER_EVENT_SECONDS` (an event, not a state). Without either connection the log
+line is the alert. Used by the deadline callback (a scheduler-side process) and, through the
+bundle's ``include.pin_airflow.runtime``, by every task-side alert, so both are delivered the
+same way.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol
 
 Severity = Literal["warning", "critical"]
@@ -18,6 +27,31 @@ Severity = Literal["warning", "critical"]
 ALERTS_WEBHOOK_CONN_ID = "alerts_webhook"
 WEBHOOK_CONNECT_TIMEOUT_SECONDS = 3
 WEBHOOK_READ_TIMEOUT_SECONDS = 5
+ALERTMANAGER_CONN_ID = "alertmanager"
+ALERTMANAGER_ENDPOINT = "api/v2/alerts"
+# an event alert (a quarantine, a failed batch) stays active this long, then resolves by itself;
+# the same 15 min as the event rules of ops/prometheus/alerts.yml
+ALERTMANAGER_EVENT_SECONDS = 900
+# relative to the repository root, like the rules' runbook_url (ops/README.md)
+RUNBOOKS = {
+    "deadline_missed": "docs/runbooks/deadline-missed.md",
+    "task_failed": "docs/runbooks/task-failed.md",
+    "snapshot_detach_quarantined": "docs/runbooks/snapshot-detach-quarantined.md",
+    "selections_auth_failed": "docs/runbooks/snapshot-detach-pending.md",
+    "slot_expiration_poison_row": "docs/runbooks/slot-expiration-poison-slot.md",
+    "retention_batch_failed": "docs/runbooks/activity-retention-failure.md",
+}
+RUNBOOKS_BY_DAG = {
+    ("lock_held_too_long", "news_snapshot_detach_retry"): (
+        "docs/runbooks/snapshot-detach-worker-stopped.md"
+    ),
+    ("lock_held_too_long", "user_activity_retention"): "docs/runbooks/activity-retention-lock.md",
+}
+RUNBOOK_INDEX = "docs/runbooks/README.md"
+
+
+def runbook_for(alert: str, dag_id: str) -> str:
+    return RUNBOOKS_BY_DAG.get((alert, dag_id)) or RUNBOOKS.get(alert, RUNBOOK_INDEX)
 
 
 class AlertLike(Protocol):
@@ -89,22 +123,25 @@ class Notifier:
         body = self.payload(alert)
         level = logging.ERROR if alert.severity == "critical" else logging.WARNING
         self.logger.log(level, "PIN_ALERT %s", json.dumps(body, sort_keys=True, default=str))
-        self._post(body)
+        self._post(ALERTS_WEBHOOK_CONN_ID, None, body, body["alert"])
+        self._post(
+            ALERTMANAGER_CONN_ID, ALERTMANAGER_ENDPOINT, alertmanager_alerts(body), body["alert"]
+        )
 
-    def _post(self, body: dict[str, Any]) -> None:
+    def _post(self, conn_id: str, endpoint: str | None, payload: Any, name: str) -> None:
         try:
             from airflow.providers.http.hooks.http import HttpHook
             from airflow.sdk.exceptions import AirflowNotFoundException
 
-            hook = HttpHook(method="POST", http_conn_id=ALERTS_WEBHOOK_CONN_ID)
+            hook = HttpHook(method="POST", http_conn_id=conn_id)
             try:
                 session = hook.get_conn(headers={"Content-Type": "application/json"})
-            except AirflowNotFoundException:  # no webhook configured: the log line is the alert
+            except AirflowNotFoundException:  # not configured: nothing to deliver there
                 return
             with session:
                 response = session.post(
-                    hook.url_from_endpoint(None),
-                    json=body,
+                    hook.url_from_endpoint(endpoint),
+                    json=payload,
                     timeout=(WEBHOOK_CONNECT_TIMEOUT_SECONDS, WEBHOOK_READ_TIMEOUT_SECONDS),
                     allow_redirects=False,
                 )
@@ -112,8 +149,38 @@ class Notifier:
                 raise WebhookRejectedError(response.status_code)
         except Exception as exc:  # delivery must never fail the caller
             self.logger.warning(
-                "PIN_ALERT_DELIVERY_FAILED alert=%s error=%s%s",
-                body["alert"],
+                "PIN_ALERT_DELIVERY_FAILED alert=%s target=%s error=%s%s",
+                name,
+                conn_id,
                 type(exc).__name__,
                 f" status={exc.status}" if isinstance(exc, WebhookRejectedError) else "",
             )
+
+
+def alertmanager_alerts(
+    body: Mapping[str, Any], *, now: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The webhook payload as Alertmanager v2 ``postableAlerts`` (a list of one alert).
+
+    Labels stay few and low in cardinality (they are Alertmanager's identity, grouping and
+    silencing keys); the run id and the details are annotations.
+    """
+    starts = now or datetime.now(UTC)
+    ends = starts + timedelta(seconds=ALERTMANAGER_EVENT_SECONDS)
+    return [
+        {
+            "labels": {
+                "alertname": str(body["alert"]),
+                "severity": str(body["severity"]),
+                "dag_id": str(body["dag_id"]),
+            },
+            "annotations": {
+                "summary": str(body["summary"]),
+                "runbook_url": runbook_for(str(body["alert"]), str(body["dag_id"])),
+                "run_id": str(body["run_id"]),
+                "details": json.dumps(body["details"], sort_keys=True, default=str),
+            },
+            "startsAt": starts.isoformat(),
+            "endsAt": ends.isoformat(),
+        }
+    ]

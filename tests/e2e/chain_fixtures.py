@@ -1,0 +1,330 @@
+"""The operators' alert chain, run for real on loopback: statsd_exporter -> Prometheus ->
+Alertmanager -> a recording webhook.
+
+- statsd_exporter: upstream's binary, found through the setting ``STATSD_EXPORTER`` (a path) or
+  on ``PATH`` (``.ci/run`` puts ``../shared/bin`` there when that folder exists); loaded with
+  ``ops/statsd/mapping.yml`` as shipped. No Debian package exists for it.
+- Prometheus and Alertmanager: Debian's ``prometheus`` / ``prometheus-alertmanager``, installed by
+  ``devtools/ensure_system_packages.sh`` where the machine allows it (root, apt-get).
+
+A missing tool skips the suite with a message naming it. Each daemon is our own process on free
+loopback ports with its own data directory under the test's temp dir, stopped by its pid. The
+Prometheus config is generated here (1 s scrape and evaluation); the rules are
+``ops/prometheus/alerts.yml`` as shipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from devtools.local_airflow import free_port, wait_for
+from tests.e2e.loopback import RecordingWebhook
+
+REPO = Path(__file__).resolve().parents[2]
+MAPPING = REPO / "ops" / "statsd" / "mapping.yml"
+RULES = REPO / "ops" / "prometheus" / "alerts.yml"
+ENSURE = REPO / "devtools" / "ensure_system_packages.sh"
+STATSD_EXPORTER_ENV = "STATSD_EXPORTER"
+SCRAPE_SECONDS = 1
+
+
+def find_statsd_exporter() -> str | None:
+    configured = os.environ.get(STATSD_EXPORTER_ENV)
+    if configured:
+        return configured if os.access(configured, os.X_OK) else None
+    return shutil.which("statsd_exporter")
+
+
+def require_tools() -> dict[str, str]:
+    """The three binaries, or skip naming what is missing."""
+    exporter = find_statsd_exporter()
+    if exporter is None and os.environ.get(STATSD_EXPORTER_ENV):
+        pytest.skip(
+            f"{STATSD_EXPORTER_ENV}={os.environ[STATSD_EXPORTER_ENV]} is not an executable file"
+        )
+    if exporter is None:
+        pytest.skip(
+            "statsd_exporter not found: put upstream's binary on PATH or set "
+            f"{STATSD_EXPORTER_ENV}=/path/to/statsd_exporter (Debian has no package)"
+        )
+    done = subprocess.run(
+        [
+            "bash",
+            str(ENSURE),
+            "prometheus:prometheus",
+            "prometheus-alertmanager:prometheus-alertmanager",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"Prometheus/Alertmanager unavailable: {done.stderr.strip()}")
+    return {
+        "statsd_exporter": exporter,
+        "prometheus": shutil.which("prometheus") or "prometheus",
+        "alertmanager": shutil.which("prometheus-alertmanager") or "prometheus-alertmanager",
+    }
+
+
+def free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Daemon:
+    """One of our own processes; ``start`` waits for its HTTP ``ready`` URL."""
+
+    name: str
+    args: list[str]
+    ready_url: str
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            self.args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        out.close()
+
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited: {self.log.read_text()[-2000:]}")
+            return httpx.get(self.ready_url, timeout=2).status_code == 200
+
+        wait_for(ready, timeout=60, what=f"{self.name} ready", retry_errors=True)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@dataclass
+class Chain:
+    exporter: Daemon
+    prometheus: Daemon
+    alertmanager: Daemon
+    receiver: RecordingWebhook
+    statsd_port: int
+    prometheus_url: str
+    alertmanager_url: str
+    started_at: float = field(default_factory=time.time)
+
+    # -- what Airflow needs ----------------------------------------------------------------
+
+    def airflow_env(self) -> dict[str, str]:
+        """StatsD to the exporter; task alerts also to Alertmanager (connection alertmanager)."""
+        return {
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(self.statsd_port),
+            "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+            "AIRFLOW_CONN_ALERTMANAGER": json.dumps(
+                {"conn_type": "http", "host": self.alertmanager_url}
+            ),
+        }
+
+    # -- Prometheus' query API -----------------------------------------------------------
+
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        answer = httpx.get(f"{self.prometheus_url}/api/v1/query", params=params, timeout=10)
+        body = answer.json()
+        assert answer.status_code == 200 and body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    def value(self, expr: str, at: float | None = None) -> float | None:
+        result = self.query(expr, at)
+        return float(result[0]["value"][1]) if result else None
+
+    def wait_series(self, expr: str, timeout: float = 30) -> list[dict[str, Any]]:
+        return wait_for(lambda: self.query(expr), timeout=timeout, what=f"series {expr}")
+
+    def rule_expr(self, alert: str) -> str:
+        for group in yaml.safe_load(RULES.read_text())["groups"]:
+            for rule in group["rules"]:
+                if rule.get("alert") == alert:
+                    return rule["expr"]
+        raise KeyError(alert)
+
+    def alert_states(self, since: float) -> dict[str, set[str]]:
+        """Every rule that was pending or firing at any evaluation since ``since``."""
+        window = max(int(time.time() - since) + 1, 2)
+        found: dict[str, set[str]] = {}
+        for series in self.query(f"max_over_time(ALERTS[{window}s])"):
+            labels = series["metric"]
+            found.setdefault(labels["alertname"], set()).add(labels["alertstate"])
+        return found
+
+    def scraped_since(self, since: float, scrapes: int = 3) -> None:
+        """Wait until Prometheus has evaluated on a few scrapes newer than ``since``."""
+
+        def enough() -> bool:
+            newest = self.value('max(timestamp(up{job="statsd"}))')
+            return newest is not None and newest > since + scrapes * SCRAPE_SECONDS
+
+        wait_for(enough, timeout=60, what="fresh scrapes")
+        time.sleep(2 * SCRAPE_SECONDS)  # and the rule evaluations over them
+
+    # -- what the receiver got -----------------------------------------------------------
+
+    def received(self) -> dict[str, list[dict[str, Any]]]:
+        """Firing alerts the receiver got from Alertmanager, by alertname."""
+        by_name: dict[str, list[dict[str, Any]]] = {}
+        for notification in self.receiver.alerts():
+            for alert in notification.get("alerts", []):
+                if alert.get("status") == "firing":
+                    by_name.setdefault(alert["labels"]["alertname"], []).append(alert)
+        return by_name
+
+    def wait_received(self, *names: str, timeout: float = 60) -> dict[str, list[dict]]:
+        def arrived() -> dict | None:
+            got = self.received()
+            return got if all(n in got for n in names) else None
+
+        try:
+            return wait_for(arrived, timeout=timeout, what=f"alerts {names}")
+        except TimeoutError:
+            missing = set(names) - set(self.received())
+            raise AssertionError(
+                f"never reached the receiver: {sorted(missing)}; got {sorted(self.received())}"
+            ) from None
+
+
+def prometheus_config(exporter_web: str, alertmanager: str) -> dict[str, Any]:
+    return {
+        "global": {
+            "scrape_interval": f"{SCRAPE_SECONDS}s",
+            "evaluation_interval": f"{SCRAPE_SECONDS}s",
+        },
+        "rule_files": [str(RULES)],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
+        "scrape_configs": [{"job_name": "statsd", "static_configs": [{"targets": [exporter_web]}]}],
+    }
+
+
+def alertmanager_config(receiver_url: str) -> dict[str, Any]:
+    return {
+        "route": {
+            "receiver": "test",
+            "group_by": ["alertname", "dag_id"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {"name": "test", "webhook_configs": [{"url": receiver_url, "send_resolved": False}]}
+        ],
+    }
+
+
+def start_chain(tmp: Path, tools: dict[str, str], receiver: RecordingWebhook) -> Chain:
+    tmp.mkdir(parents=True, exist_ok=True)
+    statsd_port = free_udp_port()
+    exporter_web = f"127.0.0.1:{free_port()}"
+    prom_web = f"127.0.0.1:{free_port()}"
+    am_web = f"127.0.0.1:{free_port()}"
+    exporter = Daemon(
+        "statsd_exporter",
+        [
+            tools["statsd_exporter"],
+            f"--statsd.mapping-config={MAPPING}",
+            f"--statsd.listen-udp=127.0.0.1:{statsd_port}",
+            "--statsd.listen-tcp=",
+            f"--web.listen-address={exporter_web}",
+        ],
+        f"http://{exporter_web}/metrics",
+        tmp / "statsd_exporter.log",
+    )
+    (tmp / "alertmanager.yml").write_text(yaml.safe_dump(alertmanager_config(receiver.url)))
+    alertmanager = Daemon(
+        "alertmanager",
+        [
+            tools["alertmanager"],
+            f"--config.file={tmp / 'alertmanager.yml'}",
+            f"--storage.path={tmp / 'alertmanager-data'}",
+            f"--web.listen-address={am_web}",
+            "--cluster.listen-address=",  # no gossip port: a single local instance
+        ],
+        f"http://{am_web}/-/ready",
+        tmp / "alertmanager.log",
+    )
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump(prometheus_config(exporter_web, am_web)))
+    prometheus = Daemon(
+        "prometheus",
+        [
+            tools["prometheus"],
+            f"--config.file={tmp / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp / 'prometheus-data'}",
+            f"--web.listen-address={prom_web}",
+        ],
+        f"http://{prom_web}/-/ready",
+        tmp / "prometheus.log",
+    )
+    started: list[Daemon] = []
+    try:
+        for daemon in (exporter, alertmanager, prometheus):
+            daemon.start()
+            started.append(daemon)
+    except BaseException:
+        for daemon in reversed(started):
+            daemon.stop()
+        raise
+    return Chain(
+        exporter,
+        prometheus,
+        alertmanager,
+        receiver,
+        statsd_port,
+        f"http://{prom_web}",
+        f"http://{am_web}",
+    )
+
+
+def stop_chain(chain: Chain) -> None:
+    for daemon in (chain.prometheus, chain.alertmanager, chain.exporter):
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def chain_tools() -> dict[str, str]:
+    return require_tools()
+
+
+@pytest.fixture(scope="module")
+def alert_chain(tmp_path_factory: pytest.TempPathFactory, chain_tools) -> Iterator[Chain]:
+    with RecordingWebhook() as receiver:
+        chain = start_chain(tmp_path_factory.mktemp("alert-chain"), chain_tools, receiver)
+        try:
+            yield chain
+        finally:
+            stop_chain(chain)

@@ -1,0 +1,330 @@
+"""Alerts that page when they should, and only then: real DAG runs -> statsd_exporter (the
+shipped mapping) -> Prometheus (the shipped rules, 1 s scrape and evaluation) -> Alertmanager ->
+a webhook receiver on loopback. Task alerts reach the same Alertmanager through the notifier's
+``alertmanager`` connection.
+
+The tests run in file order on one chain (module fixture):
+
+1. a fresh exporter and Prometheus (a first deployment), then each provokable condition once:
+   quarantine, auth failure, poison slot, retention batch failure, lock held too long, one
+   busy night (no page) and a second one (page), an old Pending row (the lag rule), ten 503s
+   (the failure spike rule); the ``for:`` of those two (15 min, 10 min) and of the poison-slot
+   errors rule (30 min) are too long here, so their expressions are evaluated through the
+   query API; nothing else pages;
+2. an exporter restart, a Prometheus restart and a healthy run: no rule becomes pending, nothing
+   new reaches the receiver; the liveness rules' expressions, evaluated at later times through
+   the query API, show that a job that really stops still pages in the seed's window
+   (thresholds 15 min / 30 min / 26 h);
+3. under the real scheduler (Airflow's own dagrun metrics): two failed retention runs and a
+   good one page ActivityRetentionRunErrorRate;
+4. every Grafana panel query evaluated after those runs.
+
+Skipped with a message when statsd_exporter (PATH or ``STATSD_EXPORTER``), Prometheus or
+Alertmanager is missing (tests/e2e/chain_fixtures.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from devtools import airflow_env as ae
+from devtools.pg import Database
+from devtools.retention_data import seed_sessions
+from devtools.selections_service import SelectionsService
+from include.pin_maintenance.db import advisory_lock
+from include.pin_maintenance.jobs import activity_retention
+from tests.e2e.chain_fixtures import Chain, alert_chain, chain_tools
+from tests.e2e.stack_fixtures import start_e2e, stop_e2e
+from tests.integration.slot_expiration_fixtures import insert_slot
+from tests.integration.snapshot_detach_fixtures import insert_entries, insert_entry
+from tests.unit.test_ops_promql import promql_series
+
+__all__ = ["alert_chain", "chain_tools"]
+
+REPO = Path(__file__).resolve().parents[2]
+DETACH = "news_snapshot_detach_retry"
+SLOTS = "calendar_slot_expiration"
+RETENTION = "user_activity_retention"
+LIVENESS_GAUGES = [
+    "news_snapshot_detach_last_success_timestamp_seconds",
+    "calendar_slot_expiration_last_success_timestamp_seconds",
+    "activity_retention_last_success_timestamp_seconds",
+]
+LIVENESS = {
+    # rule: its threshold in seconds (same order as LIVENESS_GAUGES)
+    "NewsSnapshotDetachNoSuccessfulRun": 900,
+    "CalendarSlotExpirationNoSuccessfulCycle": 1800,
+    "ActivityRetentionNotRun": 26 * 3600,
+}
+# what the provoking test expects at the receiver (task alerts are lower case)
+PROVOKED = {
+    "NewsSnapshotDetachQuarantined",
+    "snapshot_detach_quarantined",
+    "selections_auth_failed",
+    "slot_expiration_poison_row",
+    "retention_batch_failed",
+    "lock_held_too_long",
+    "ActivityRetentionLockHeldTooLong",
+}
+
+
+@pytest.fixture(scope="module")
+def dags_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    home = tmp_path_factory.mktemp("chain-airflow-home")
+    ae.migrate(ae.airflow_env(home, job_db_url="postgresql:///unused"))
+    return home
+
+
+@pytest.fixture(scope="module")
+def selections() -> Iterator[SelectionsService]:
+    with SelectionsService() as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def job_db(pg_admin_url: str, pg_template: str) -> Iterator[Database]:
+    from devtools import pg
+
+    name = f"pin_chain_{int(time.time())}"
+    database = pg.create_database(pg_admin_url, name, template=pg_template, drop=False)
+    try:
+        yield database
+    finally:
+        pg.drop_database(pg_admin_url, name)
+
+
+def dags_test(
+    chain: Chain,
+    home: Path,
+    db: Database,
+    dag_id: str,
+    *,
+    conf: dict | None = None,
+    selections: SelectionsService | None = None,
+    password: str = "local-dev-secret",
+) -> subprocess.CompletedProcess[str]:
+    """``airflow dags test`` the standard way, StatsD to the chain's exporter."""
+    env = ae.airflow_env(
+        home,
+        job_db_url=db.url,
+        selections_url=selections.url if selections else None,
+        selections_password=password,
+        extra=chain.airflow_env(),
+    )
+    args = ["dags", "test", dag_id]
+    if conf is not None:
+        args += ["--conf", json.dumps(conf)]
+    return ae.airflow(args, env, timeout=300)
+
+
+# ------------------------------------------------------------------------------------------ 1
+
+
+def test_each_condition_pages_the_first_time_after_a_fresh_exporter(
+    alert_chain: Chain, dags_home, job_db, selections
+) -> None:
+    """A fresh exporter and Prometheus (a first deployment): every provoked condition pages."""
+    chain = alert_chain
+    since = time.time()
+
+    # quarantine (404 from selections) + an old Pending row not yet due (the lag/backlog rule)
+    # + 10 calls answered 503 among 2 good ones (the failure spike rule)
+    insert_entries(job_db, 2)
+    gone = insert_entry(job_db)
+    selections.script(gone.snapshot_id, "not_found")
+    for flaky in insert_entries(job_db, 10):
+        selections.script(flaky.snapshot_id, "error_503")
+    insert_entry(job_db, due_in=timedelta(hours=1), created_ago=timedelta(hours=1))
+    done = dags_test(chain, dags_home, job_db, DETACH, selections=selections)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    # selections rejects our credentials
+    insert_entry(job_db)
+    dags_test(chain, dags_home, job_db, DETACH, selections=selections, password="wrong")
+    # a poison slot (version + 1 overflows) among due ones
+    with job_db.connect() as conn:
+        insert_slot(conn, start_at=datetime.now(UTC) - timedelta(hours=2))
+        insert_slot(conn, start_at=datetime.now(UTC) - timedelta(hours=3), version=2**31 - 1)
+    done = dags_test(chain, dags_home, job_db, SLOTS)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+
+    # one busy night, held longer than the run's bound: lock_held_too_long, but no lock page
+    with job_db.connect() as conn:
+        seed_sessions(conn, 3, 0, 1, tag="busy")
+        conn.commit()
+    lock = activity_retention.LOCK_NAME
+    with advisory_lock(lambda: psycopg.connect(job_db.url), lock, 600) as held:
+        assert held
+        time.sleep(1.5)
+        busy = {"max_run_duration_seconds": 1}
+        assert dags_test(chain, dags_home, job_db, RETENTION, conf=busy).returncode == 0
+        chain.wait_series("activity_retention_lock_contention_total > 0")
+        chain.scraped_since(time.time(), scrapes=3)
+        assert chain.query(chain.rule_expr("ActivityRetentionLockHeldTooLong")) == []
+        assert "ActivityRetentionLockHeldTooLong" not in chain.alert_states(since)
+        # the next night is busy too: now it pages
+        assert dags_test(chain, dags_home, job_db, RETENTION, conf=busy).returncode == 0
+
+    # a retention batch that fails (a trigger refuses the delete)
+    with psycopg.connect(job_db.url, autocommit=True) as conn:
+        conn.execute(
+            """
+            create function public.refuse_delete() returns trigger language plpgsql as $$
+            begin raise exception 'injected failure for session %', old.session_id; end $$;
+            create trigger refuse_delete before delete on user_activity.action_events
+              for each row execute function public.refuse_delete();
+            """
+        )
+    try:
+        dags_test(chain, dags_home, job_db, RETENTION)
+    finally:
+        with psycopg.connect(job_db.url, autocommit=True) as conn:
+            conn.execute("drop trigger refuse_delete on user_activity.action_events")
+
+    got = chain.wait_received(*PROVOKED)
+    [quarantined] = got["NewsSnapshotDetachQuarantined"]
+    assert quarantined["labels"]["severity"] == "warning"
+    assert quarantined["labels"]["dag_id"] == DETACH
+    [task_alert] = got["snapshot_detach_quarantined"]
+    assert task_alert["labels"] == {
+        "alertname": "snapshot_detach_quarantined",
+        "severity": "warning",  # a 404: quarantined at once (critical after all attempts)
+        "dag_id": DETACH,
+    }
+    assert gone.snapshot_id in task_alert["annotations"]["details"]
+    # rules whose `for:` is too long here (15, 10 and 30 min): their expressions hold
+    assert chain.query(chain.rule_expr("NewsSnapshotDetachLagSLOAtRisk")) != []
+    assert chain.query(chain.rule_expr("NewsSnapshotDetachFailureSpike")) != []
+    assert chain.query(chain.rule_expr("CalendarSlotExpirationErrors")) != []
+    # and nothing else paged: no liveness rule (a first deployment), no failure spike
+    unexpected = set(chain.received()) - PROVOKED - {"task_failed"}
+    assert unexpected == set(), unexpected
+    states = chain.alert_states(since)
+    assert not set(states) & set(LIVENESS), states
+
+
+# ------------------------------------------------------------------------------------------ 2
+
+
+def test_restarts_and_a_healthy_run_page_nothing_but_a_stopped_job_would(
+    alert_chain: Chain, dags_home, job_db, selections
+) -> None:
+    chain = alert_chain
+    for name in LIVENESS_GAUGES:  # the first test's runs left every job's last success
+        chain.wait_series(name)
+    before = {name: len(alerts) for name, alerts in chain.received().items()}
+    firing_before = set(chain.alert_states(time.time() - 2))
+
+    # statsd_exporter restart: every series is gone until the next run
+    chain.exporter.restart()
+    since = time.time()
+    chain.scraped_since(since, scrapes=5)
+    assert chain.query(LIVENESS_GAUGES[0]) == []
+    # Prometheus restart (same data directory)
+    chain.prometheus.restart()
+    chain.scraped_since(time.time(), scrapes=5)
+    # a healthy run brings the detach series back, its counters at 0
+    insert_entries(job_db, 2)
+    done = dags_test(chain, dags_home, job_db, DETACH, selections=selections)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    chain.wait_series("news_snapshot_detach_quarantined_total == 0")
+    chain.scraped_since(time.time(), scrapes=3)
+
+    newly = set(chain.alert_states(since)) - firing_before
+    assert newly == set(), f"rules pending or firing only since the restarts: {newly}"
+    after = {name: len(alerts) for name, alerts in chain.received().items()}
+    assert after == before, "nothing new reached the receiver"
+    for rule, threshold in LIVENESS.items():
+        expr = chain.rule_expr(rule)
+        assert chain.query(expr) == [], rule
+        # The job stops now. `for:` is 1 min / 1 min / 10 min, the thresholds 15 min / 30 min /
+        # 26 h: the expression, evaluated at later times through the query API, holds once the
+        # last success is older than the threshold, not before.
+        gauge = LIVENESS_GAUGES[list(LIVENESS).index(rule)]
+        last = chain.value(f"max(max_over_time({gauge}[1h]))")
+        assert last is not None, gauge
+        assert chain.query(expr, at=last + threshold - 60) == [], rule
+        assert chain.query(expr, at=last + threshold + 60) != [], rule
+
+
+# ------------------------------------------------------------------------------------------ 3
+
+
+@pytest.fixture(scope="module")
+def scheduler_airflow(
+    tmp_path_factory, alert_chain: Chain, pg_admin_url, e2e_job_server, e2e_selections
+):
+    tmp = tmp_path_factory.mktemp("chain-scheduler")
+    e2e = start_e2e(
+        tmp,
+        meta_admin_url=pg_admin_url,
+        job_server=e2e_job_server,
+        job_admin_url=e2e_job_server.admin_url,
+        selections=e2e_selections,
+        scheduled_runs=False,
+        name="chain",
+        extra_env=alert_chain.airflow_env(),
+    )
+    try:
+        yield e2e
+    finally:
+        left = stop_e2e(e2e)
+        if left:
+            pytest.fail(f"processes left after stopping Airflow: {left}")
+
+
+def test_scheduler_dagrun_metrics_page_the_retention_error_rate(
+    alert_chain: Chain, scheduler_airflow
+) -> None:
+    chain, e2e = alert_chain, scheduler_airflow
+    e2e.wait_dag(RETENTION)
+    e2e.set_paused(RETENTION, False)
+    runs = []
+    # two runs with a misspelt key (the API accepts it; the run fails at once, without a
+    # retry, naming the key), then a good one
+    for conf in ({"batch_sise": 100}, {"batch_sise": 100}, {}):
+        run_id = e2e.new_run_id("chain")
+        answer = e2e.trigger_api(RETENTION, conf, run_id)
+        assert answer.status_code in (200, 201), answer.text
+        runs.append(run_id)
+    states = [e2e.wait_run(RETENTION, run_id)["state"] for run_id in runs]
+    assert states == ["failed", "failed", "success"]
+
+    failed = (
+        'airflow_dagrun_duration_seconds_count{dag_id="user_activity_retention",outcome="failed"}'
+    )
+    ok = 'airflow_dagrun_duration_seconds_count{dag_id="user_activity_retention",outcome="success"}'
+    chain.wait_series(f"{failed} == 2", timeout=60)
+    chain.wait_series(f"{ok} == 1", timeout=60)
+    got = chain.wait_received("ActivityRetentionRunErrorRate", "task_failed")
+    assert got["ActivityRetentionRunErrorRate"][0]["labels"]["dag_id"] == RETENTION
+
+
+# ------------------------------------------------------------------------------------------ 4
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    dashboard = json.loads((REPO / "ops" / "grafana" / "pin-maintenance.json").read_text())
+    return [
+        (panel["title"], target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    ]
+
+
+def test_every_grafana_panel_query_evaluates_after_the_runs(alert_chain: Chain) -> None:
+    chain = alert_chain
+    produced = {s["metric"]["__name__"] for s in chain.query('{__name__=~".+", job="statsd"}')}
+    empty = []
+    for title, expr in panel_queries():
+        result = chain.query(expr.replace("$__rate_interval", "1m"))  # raises on an error
+        if promql_series(expr) <= produced and not result:
+            empty.append((title, expr))
+    assert empty == [], f"panels with no data although their metric exists: {empty}"
