@@ -27,6 +27,17 @@ CONFIG = ConfigSpec(
             help="Sessions per batch (one transaction per batch and table).",
         ),
         Setting(
+            "runners",
+            2,
+            minimum=1,
+            maximum=8,
+            help=(
+                "Batch loops per delete task, one connection each. They take the task's batches "
+                "in keyset order one after the other (the same batches one loop would take) and "
+                "delete them side by side; 1 = one loop."
+            ),
+        ),
+        Setting(
             "max_batches_per_run",
             200,
             minimum=1,
