@@ -58,6 +58,7 @@ from devtools.bench_core import (
     job_child_main,
     md_table,
 )
+from devtools.bench_data import RETENTION_SHAPES
 
 NOTES_MARKER = (
     "<!-- hand-written notes below this line are kept when the bench rewrites the file -->"
@@ -239,6 +240,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="report path (a directory gets benchmarks.md)")
     sizes = parser.add_argument_group("sizes (override the plan's)")
     sizes.add_argument("--retention", type=int, nargs="+", metavar="ELIGIBLE")
+    sizes.add_argument(
+        "--retention-shapes", nargs="+", choices=tuple(RETENTION_SHAPES), metavar="SHAPE"
+    )
     sizes.add_argument("--slots", nargs="+", metavar="ROWS:DUE")
     sizes.add_argument("--empty-slots", type=int, nargs="+", metavar="ROWS")
     sizes.add_argument("--detach-rows", type=int)
@@ -251,6 +255,8 @@ def plan_for(args: argparse.Namespace) -> Plan:
     changes: dict[str, object] = {}
     if args.retention:
         changes["retention"] = tuple(args.retention)
+    if args.retention_shapes:
+        changes["retention_shapes"] = tuple(args.retention_shapes)
     if args.slots:
         changes["slots"] = tuple(tuple(int(x) for x in pair.split(":")) for pair in args.slots)
     if args.empty_slots:

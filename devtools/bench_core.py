@@ -64,6 +64,7 @@ class Plan:
     name: str
     runs: int  # timed repetitions of each job / limit measurement
     retention: tuple[int, ...]  # eligible sessions, one scale each
+    retention_shapes: tuple[str, ...]  # bench_data.RETENTION_SHAPES keys, each at every scale
     slots: tuple[tuple[int, int], ...]  # (table rows, due rows), one scale each
     empty_slots: tuple[int, ...]  # table rows for the empty cycle (no due row)
     empty_runs: int
@@ -80,6 +81,7 @@ SMOKE = Plan(
     name="smoke",
     runs=1,
     retention=(200,),
+    retention_shapes=("project", "few", "events", "setnull"),
     slots=((2_000, 300),),
     empty_slots=(1_000, 5_000),
     empty_runs=1,
@@ -96,6 +98,7 @@ DEFAULT = Plan(
     name="default",
     runs=3,
     retention=(10_000, 100_000),
+    retention_shapes=("project", "few", "events", "setnull"),
     slots=((200_000, 20_000), (2_000_000, 200_000)),
     empty_slots=(10_000, 10_000_000),
     empty_runs=5,
