@@ -20,7 +20,7 @@ def test_config_keys_and_defaults_are_the_design_contract():
     assert job.CONFIG.resolve(None, None) == {
         "retention_period_days": 365,
         "batch_size": 5000,
-        "runners": 2,
+        "runners": 3,
         "max_batches_per_run": 200,
         "max_run_duration_seconds": 1800,
     }

@@ -15,7 +15,7 @@ Shape (DESIGN section 7): one run is
    ``sessions``. Each step walks the eligible sessions oldest first in batches of
    ``batch_size`` ids (keyset on ``(ended_at, id)``, ``FOR UPDATE SKIP LOCKED``), one
    transaction per batch, and deletes its own table's rows of that batch by ``session_id``.
-   With ``runners`` > 1 (default 2) a step runs that many batch loops, one connection each:
+   With ``runners`` > 1 (default 3) a step runs that many batch loops, one connection each:
    they claim the same batches one loop would, one after the other, delete them side by side
    and commit them in batch order, so the committed state is always one loop's (see
    :class:`_Walk`). The ``sessions`` step deletes only sessions of the batch that have no
