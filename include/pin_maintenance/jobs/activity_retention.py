@@ -467,7 +467,9 @@ class _Walk:
     A failed batch rolls back with every later one (one loop would not have started them),
     earlier ones commit; after a stop request the batch in hand finishes and later ones roll
     back. Batches of different sessions touch disjoint rows (a session's subtree is its own,
-    seed step 4), so a loop never waits for a row lock of a batch queued behind it.
+    seed step 4; a cross-session SET NULL reference updates a row that only one batch touches),
+    so a loop never waits for a row lock of a batch queued behind it; if something outside
+    the schema made it (a foreign trigger), ``lock_timeout`` would fail that batch, not hang.
     State: the last key, the commit turn and running totals, nothing more.
     """
 
