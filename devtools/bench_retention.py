@@ -47,16 +47,21 @@ def retention_template(
     bench: Bench, eligible: int, shape: str = "project"
 ) -> tuple[pg.Database, bd.RetentionDataset]:
     ds = bd.retention_dataset(eligible, shape)
-    refs = "every view" if ds.shape.apply_filter == "all" else "first view"
     label = (
         f"retention ({shape}): {ds.eligible:,} eligible + {ds.keep:,} young/Active sessions, "
-        f"{ds.views_per_session} views + {ds.events_per_session} events each, "
-        f"apply_filter_event_id on the {refs}"
+        f"{_children(ds.shape)} each"
     )
     db = bench.dataset(
         label, ds.rows, ("ret", shape, eligible), lambda url: bd.load_retention(url, ds)
     )
     return db, ds
+
+
+def _children(shape: bd.RetentionShape) -> str:
+    views = f"{shape.views} view" + ("s" if shape.views != 1 else "")
+    events = f"{shape.events} event" + ("s" if shape.events != 1 else "")
+    refs = "every view" if shape.apply_filter == "all" else "the first view"
+    return f"{views} + {events}, apply_filter_event_id set on {refs}"
 
 
 # The job as its DAG runs it by default, bounds raised so that one run drains the backlog.
@@ -103,9 +108,7 @@ def bench_retention(bench: Bench, out: list[str]) -> None:
         "job and limit in rotating order; young Inactive and Active sessions (20% as many) "
         "and property_object_view_stats are checked unchanged after every run. Shapes: "
         + "; ".join(
-            f"*{s.key}* = {s.title} ({s.views} views + {s.events} events per session, "
-            f"apply_filter_event_id on {'every' if s.apply_filter == 'all' else 'the first'} "
-            "view)"
+            f"*{s.key}* = {s.title} ({_children(s)} per session)"
             for s in bd.RETENTION_SHAPES.values()
             if s.key in bench.plan.retention_shapes
         )
