@@ -25,10 +25,12 @@ it never hits the RESTRICT foreign keys. A Postgres advisory lock
 `activity_retention_lock_contention_total` once for such a run and records no run duration.
 
 **Params** (empty = the Variable `user_activity_retention` (JSON) or the default):
-`retention_period_days` (>= 1), `batch_size` (1..50000), `max_batches_per_run` (>= 1, per
-delete task), `max_run_duration_seconds` (> 0, the whole run), `dry_run` (count per table what
-would be deleted; delete nothing). An invalid value fails `prepare` before any delete, naming
-the key, its value and the allowed range.
+`retention_period_days` (>= 1), `batch_size` (1..50000), `runners` (3, 1..8 batch loops per
+delete task, one connection each: they delete consecutive batches side by side and commit them
+in order, so what is committed is what one loop would commit; 1 = one loop),
+`max_batches_per_run` (>= 1, per delete task), `max_run_duration_seconds` (> 0, the whole
+run), `dry_run` (count per table what would be deleted; delete nothing). An invalid value
+fails `prepare` before any delete, naming the key, its value and the allowed range.
 
 **Result** (XCom of `report`): `DeletedSessions`, `DeletedPropertyObjectViews`,
 `DeletedActionEvents`, `BatchesProcessed`, `HasMore`, `DryRun`; a dry run reports 0 deleted

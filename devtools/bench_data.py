@@ -26,24 +26,46 @@ RETENTION_TABLES = (
     "user_activity.property_object_views",
     "user_activity.action_events",
 )  # property_object_view_stats keeps its key: the generator upserts into it
-# seed_sessions gives every session this many views and as many events; every event points at
-# a view of its session and each session's first view points back at its first event.
-CHILDREN_PER_SESSION = 6
 RETENTION_DAYS = 365
+
+
+@dataclass(frozen=True)
+class RetentionShape:
+    """Children per session: every event points at a view of its session; ``apply_filter``
+    "first" = each session's first view points back at its first event, "all" = every view
+    points at an event of its session (the most ON DELETE SET NULL work per deleted event)."""
+
+    key: str
+    views: int
+    events: int
+    apply_filter: str
+    title: str
+
+
+RETENTION_SHAPES: dict[str, RetentionShape] = {
+    shape.key: shape
+    for shape in (
+        RetentionShape("project", 6, 6, "first", "the project's shape"),
+        RetentionShape("few", 1, 1, "first", "few children"),
+        RetentionShape("events", 2, 24, "first", "many events"),
+        RetentionShape("setnull", 3, 9, "all", "every SET NULL reference set"),
+    )
+}
 
 
 @dataclass(frozen=True)
 class RetentionDataset:
     eligible: int
     keep: int  # half young Inactive (ended 30 days ago), half Active: both must stay
+    shape: RetentionShape = RETENTION_SHAPES["project"]
 
     @property
     def views_per_session(self) -> int:
-        return CHILDREN_PER_SESSION
+        return self.shape.views
 
     @property
     def events_per_session(self) -> int:
-        return CHILDREN_PER_SESSION
+        return self.shape.events
 
     @property
     def rows_per_session(self) -> int:
@@ -62,9 +84,11 @@ class RetentionDataset:
         return self.eligible * self.rows_per_session
 
 
-def retention_dataset(eligible: int) -> RetentionDataset:
+def retention_dataset(eligible: int, shape: str = "project") -> RetentionDataset:
     """Eligible sessions plus 20% as many that must stay (young Inactive and Active)."""
-    return RetentionDataset(eligible=eligible, keep=max(eligible // 5, 10))
+    return RetentionDataset(
+        eligible=eligible, keep=max(eligible // 5, 10), shape=RETENTION_SHAPES[shape]
+    )
 
 
 def load_retention(url: str, ds: RetentionDataset) -> None:
@@ -77,7 +101,9 @@ def load_retention(url: str, ds: RetentionDataset) -> None:
             conn,
             ds.eligible,
             ds.keep,
-            CHILDREN_PER_SESSION,
+            ds.views_per_session,
+            events_per_session=ds.events_per_session,
+            apply_filter=ds.shape.apply_filter,
             tag="bench",
             retention_days=RETENTION_DAYS,
             n_property_objects=5000,

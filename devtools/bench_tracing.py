@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from devtools.bench_core import SectionSpec
+
 if TYPE_CHECKING:  # the bench imports this module; keep the import graph one-way at runtime
-    from devtools.bench import Bench
+    from devtools.bench_core import Bench
 
 MODES = ("off", "on")
 
@@ -43,7 +45,9 @@ def child_tracer(spec: dict[str, Any]) -> tuple[Any, Callable[[], None]]:
 
 
 def bench_tracing(bench: Bench, out: list[str]) -> None:
-    from devtools import bench as b
+    from devtools import bench_core as b
+    from devtools.bench_detach import outbox_template
+    from devtools.bench_slots import slots_template
     from devtools.otlp_receiver import OtlpReceiver
 
     detach_due = bench.plan.detach_rows
@@ -51,11 +55,11 @@ def bench_tracing(bench: Bench, out: list[str]) -> None:
     rows = []
     with OtlpReceiver() as otlp:
         cases = [
-            ("detach", f"{detach_due:,} due outbox rows", bench.outbox_template(detach_due)),
+            ("detach", f"{detach_due:,} due outbox rows", outbox_template(bench, detach_due)),
             (
                 "slots",
                 f"{slots_total:,} slots, {slots_due:,} due",
-                bench.slots_template(slots_total, slots_due),
+                slots_template(bench, slots_total, slots_due),
             ),
         ]
         for job, label, template in cases:
@@ -118,7 +122,7 @@ def bench_tracing(bench: Bench, out: list[str]) -> None:
 
 
 def _timed_run(bench: Bench, job: str, template: Any, mode: str, endpoint: str):
-    from devtools import bench as b
+    from devtools import bench_core as b
     from devtools import bench_data as bd
 
     config: dict[str, Any] = {"max_run_duration_seconds": 3000}
@@ -140,3 +144,8 @@ def _timed_run(bench: Bench, job: str, template: Any, mode: str, endpoint: str):
         return run
     finally:
         bench.drop(db)
+
+
+SECTION = SectionSpec(
+    key="tracing", title="Tracing overhead (OpenTelemetry spans on / off)", run=bench_tracing
+)

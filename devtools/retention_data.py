@@ -7,10 +7,12 @@
   retention cutoff (distinct ``ended_at`` values, oldest first by index);
 - ``n_young`` sessions that must survive: half Inactive and ended ``young_age_days`` ago, half
   Active (``ended_at`` null);
-- per session ``children_per_session`` property_object_views and as many action_events; every
-  event points at a view of its own session (``property_object_view_id``), and the first view
-  of a session points back at the session's first event (``apply_filter_event_id``): the
-  circular SET NULL references of the schema;
+- per session ``children_per_session`` property_object_views and as many action_events (or
+  ``events_per_session`` events); every event points at a view of its own session
+  (``property_object_view_id``, event j at view ((j - 1) mod views) + 1), and the first view of
+  a session points back at the session's first event (``apply_filter_event_id``), or with
+  ``apply_filter="all"`` view k at event k for every view that has one: the circular SET NULL
+  references of the schema;
 - one ``property_object_view_stats`` row per property object (``n_property_objects`` of them),
   which the job must never change.
 
@@ -72,18 +74,20 @@ insert into user_activity.action_events
   (id, session_id, property_object_view_id, type, occurred_at, payload)
 select md5(%(tag)s || ':e:' || i || ':' || j)::uuid,
        md5(%(tag)s || ':s:' || i)::uuid,
-       md5(%(tag)s || ':v:' || i || ':' || j)::uuid,
+       md5(%(tag)s || ':v:' || i || ':' || ((j - 1) %% %(views)s + 1))::uuid,
        case when j = 1 then 'ApplyFilter' else 'ViewPropertyObject' end,
        now() - interval '400 days',
        jsonb_build_object('n', j)
-from generate_series(1, %(n_sessions)s) as i, generate_series(1, %(children)s) as j
+from generate_series(1, %(n_sessions)s) as i, generate_series(1, %(events)s) as j
 """
 
+# Views and events reference each other: views go in without an event, events next, then this
+# sets the views' back references (view k -> event k of the same session, k <= linked).
 _BACK_REFERENCES = """
 update user_activity.property_object_views v
-set apply_filter_event_id = md5(%(tag)s || ':e:' || i || ':1')::uuid
-from generate_series(1, %(n_sessions)s) as i
-where v.id = md5(%(tag)s || ':v:' || i || ':1')::uuid
+set apply_filter_event_id = md5(%(tag)s || ':e:' || i || ':' || k)::uuid
+from generate_series(1, %(n_sessions)s) as i, generate_series(1, %(linked)s) as k
+where v.id = md5(%(tag)s || ':v:' || i || ':' || k)::uuid
 """
 
 _STATS = """
@@ -113,23 +117,38 @@ def seed_sessions(
     young_age_days: int = 30,
     step_seconds: int = 60,
     n_property_objects: int = 100,
+    events_per_session: int | None = None,
+    apply_filter: str = "first",
 ) -> SeededSessions:
     """Insert the data described in the module docstring; the caller commits."""
+    views = children_per_session
+    events = children_per_session if events_per_session is None else events_per_session
+    if apply_filter not in {"first", "all"}:
+        raise ValueError(f"apply_filter={apply_filter!r}; expected 'first' or 'all'")
+    if views < 0 or events < 0:
+        raise ValueError(f"children_per_session={views}, events_per_session={events}: >= 0")
+    if events and not views:
+        raise ValueError("events point at views of their session: events need views")
     params = {
         "tag": tag or uuid.uuid4().hex[:12],
         "n_eligible": n_eligible,
         "n_young": n_young,
         "n_sessions": n_eligible + n_young,
-        "children": children_per_session,
+        "children": views,
+        "views": max(views, 1),
+        "events": events,
+        "linked": min(views, events) if apply_filter == "all" else min(views, events, 1),
         "retention_days": retention_days,
         "young_age_days": young_age_days,
         "step_seconds": step_seconds,
         "n_property_objects": max(n_property_objects, 1),
     }
     conn.execute(_SESSIONS, params)
-    if children_per_session > 0:
+    if views > 0:
         conn.execute(_VIEWS, params)
+    if events > 0:
         conn.execute(_EVENTS, params)
+    if params["linked"] > 0:
         conn.execute(_BACK_REFERENCES, params)
     conn.execute(_STATS, params)
     n = n_eligible + n_young
@@ -137,8 +156,8 @@ def seed_sessions(
         tag=params["tag"],
         eligible_sessions=n_eligible,
         young_sessions=n_young,
-        property_object_views=n * children_per_session,
-        action_events=n * children_per_session,
+        property_object_views=n * views,
+        action_events=n * events,
     )
 
 

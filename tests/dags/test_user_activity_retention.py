@@ -35,6 +35,7 @@ def test_schedule_and_run_policy(retention_dag):
     assert set(dag.params) == {
         "retention_period_days",
         "batch_size",
+        "runners",
         "max_batches_per_run",
         "max_run_duration_seconds",
         "dry_run",

@@ -21,8 +21,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from devtools.bench_data import RETENTION_SHAPES, load_retention, retention_dataset
 from devtools.retention_data import seed_sessions, session_id
-from include.pin_maintenance.db import advisory_lock, configured
+from include.pin_maintenance.db import SessionSettings, advisory_lock, configured
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.runloop import JobCancelled, StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
@@ -706,3 +707,99 @@ def test_dry_run_respects_the_batch_bound(db, seeded):
         True,
     )
     assert counts(db)["sessions"] == 40
+
+
+# ------------------------------------------------------------------ batch loops side by side
+
+
+def _job_backends(db) -> dict[str, int]:
+    """The job's backends by state (the advisory-lock holder is one 'idle in transaction')."""
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        rows = conn.execute(
+            "select case when wait_event_type = 'Lock' then 'waiting' else state end, count(*)"
+            " from pg_stat_activity where datname = current_database()"
+            " and application_name = %s group by 1",
+            (job.SESSION_SETTINGS.application_name,),
+        ).fetchall()
+    return dict(rows)
+
+
+def test_two_loops_delete_side_by_side_and_commit_in_batch_order(db, seeded):
+    blocked = session_id("t", 13)  # in batch 3 (index 2) of batch_size 5
+    holder = db.connect()
+    holder.execute(
+        "select id from user_activity.action_events where session_id = %s for update", (blocked,)
+    )
+    patient = configured(
+        lambda: psycopg.connect(db.url),
+        SessionSettings(
+            statement_timeout_ms=120_000,
+            lock_timeout_ms=120_000,
+            application_name=job.SESSION_SETTINGS.application_name,
+        ),
+    )
+    results: list = []
+    errors: list = []
+
+    def one_run() -> None:
+        try:
+            results.append(
+                job.run(patient, config(batch_size=5, runners=2), telemetry(), StopSignal())
+            )
+        except Exception as exc:  # collected and asserted below
+            errors.append(exc)
+
+    runner = threading.Thread(target=one_run)
+    runner.start()
+    try:
+        # one loop waits inside batch 3; the other has deleted batch 4 and waits for its turn
+        # to commit: the lock holder and that loop are both idle in a transaction
+        _wait_for(
+            lambda: _job_backends(db) == {"waiting": 1, "idle in transaction": 2},
+            "one loop blocked in batch 3 and the other holding batch 4",
+        )
+        # nothing after batch 2 is committed: batch 4's delete is not visible yet
+        assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
+    finally:
+        holder.rollback()
+        holder.close()
+        runner.join(timeout=120)
+
+    assert errors == []
+    [result] = results
+    assert (result.deleted_sessions, result.deleted_action_events) == (30, 60)
+    assert result.deleted_property_object_views == 60
+    assert result.batches_processed == 18  # 6 per delete step, the batches one loop takes
+    assert result.has_more is False
+    assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
+    assert counts(db)["sessions"] == 10
+
+
+@pytest.mark.parametrize("shape", sorted(RETENTION_SHAPES))
+def test_every_benchmark_shape_is_deleted_completely(db, shape):
+    """The bench's data shapes (few children, many events, every SET NULL reference set)."""
+    ds = retention_dataset(23, shape)  # 23 eligible + 10 that stay; batches of 5: 5 per step
+    load_retention(db.url, ds)
+    with db.connect() as conn:
+        linked = conn.execute(
+            "select count(*) from user_activity.property_object_views"
+            " where apply_filter_event_id is not null"
+        ).fetchone()[0]
+    per_session = ds.shape.views if ds.shape.apply_filter == "all" else 1
+    assert linked == ds.sessions * min(per_session, ds.shape.events)
+    stats = snapshot(db, "property_object_view_stats")
+
+    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+
+    assert result.deleted_sessions == 23
+    assert result.deleted_property_object_views == 23 * ds.views_per_session
+    assert result.deleted_action_events == 23 * ds.events_per_session
+    assert result.batches_processed == 15
+    assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
+    after = counts(db)
+    assert (after["sessions"], after["action_events"], after["property_object_views"]) == (
+        10,
+        10 * ds.events_per_session,
+        10 * ds.views_per_session,
+    )
+    assert snapshot(db, "property_object_view_stats") == stats

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 
@@ -19,6 +20,7 @@ def test_config_keys_and_defaults_are_the_design_contract():
     assert job.CONFIG.resolve(None, None) == {
         "retention_period_days": 365,
         "batch_size": 5000,
+        "runners": 3,
         "max_batches_per_run": 200,
         "max_run_duration_seconds": 1800,
     }
@@ -34,6 +36,8 @@ def test_config_keys_and_defaults_are_the_design_contract():
         (None, {"batch_size": 50_001}, "batch_size", "1..50000"),
         ({"batch_size": True}, None, "batch_size", "1..50000"),
         (None, {"max_batches_per_run": 0}, "max_batches_per_run", ">= 1"),
+        (None, {"runners": 0}, "runners", "1..8"),
+        ({"runners": 9}, None, "runners", "1..8"),
         ({"max_run_duration_seconds": 0}, None, "max_run_duration_seconds", "> 0"),
         (None, {"max_run_duration_seconds": -5}, "max_run_duration_seconds", "> 0"),
         ({"max_run_duration_seconds": "30m"}, None, "max_run_duration_seconds", "> 0"),
@@ -133,3 +137,28 @@ def test_delete_step_refuses_an_unknown_table():
 def test_lock_lease_outlives_a_run_plus_one_batch():
     worst_batch = 2 * job.SESSION_SETTINGS.statement_timeout_ms / 1000
     assert worst_batch < job.LOCK_TTL_MARGIN_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("plan", "loops"),
+    [
+        ({"runners": 2, "eligible_backlog": 100_000}, 2),
+        # three batches: a fourth loop would find nothing
+        ({"runners": 4, "eligible_backlog": 12_000}, 3),
+        ({"runners": 2, "eligible_backlog": 5000}, 1),  # one full batch
+        ({"runners": 2, "eligible_backlog": 0}, 1),  # empty: the one loop finds that out
+        # never more loops than batches allowed
+        ({"runners": 8, "eligible_backlog": 100_000, "max_batches_per_run": 2}, 2),
+        # a dry run only counts: one reader
+        ({"runners": 2, "eligible_backlog": 100_000, "dry_run": True}, 1),
+        ({"runners": 1, "eligible_backlog": 100_000}, 1),
+    ],
+)
+def test_runner_count_follows_config_backlog_and_bounds(plan, loops):
+    assert PLAN.batch_size == 5000
+    assert job._runner_count(dataclasses.replace(PLAN, **plan)) == loops
+
+
+def test_a_plan_from_before_the_runners_key_means_one_loop():
+    old = {k: v for k, v in PLAN.to_xcom().items() if k != "runners"}
+    assert job.RunPlan.from_xcom(old).runners == 1

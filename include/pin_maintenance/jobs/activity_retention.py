@@ -15,8 +15,12 @@ Shape (DESIGN section 7): one run is
    ``sessions``. Each step walks the eligible sessions oldest first in batches of
    ``batch_size`` ids (keyset on ``(ended_at, id)``, ``FOR UPDATE SKIP LOCKED``), one
    transaction per batch, and deletes its own table's rows of that batch by ``session_id``.
-   The ``sessions`` step deletes only sessions of the batch that have no child rows left
-   (``NOT EXISTS`` on both child tables), so it never hits the RESTRICT foreign keys and never
+   With ``runners`` > 1 (default 3) a step runs that many batch loops, one connection each:
+   they claim the same batches one loop would, one after the other, delete them side by side
+   and commit them in batch order, so the committed state is always one loop's (see
+   :class:`_Walk`). The ``sessions`` step deletes only sessions of the batch that have no
+   child rows left (``NOT EXISTS`` on both child tables), so it never hits the RESTRICT
+   foreign keys and never
    removes a session whose children an earlier step left behind (bounded, failed or skipped);
    those stay eligible and the next run finishes them (data-driven resume, no checkpoint).
 3. :func:`report`: the seed's result ``{DeletedSessions, ..., HasMore}``, the completion log
@@ -49,7 +53,9 @@ Lock TTL: each delete step holds the lock on its own connection for as long as i
 lease of ``max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS``. A step checks its budget
 between batches only, so it can overrun the run deadline by at most one batch: two
 statements, each bounded by ``statement_timeout`` (:data:`SESSION_SETTINGS`, 2 x 120 s < 300 s
-margin). A holder that hangs longer loses the lock to the server, so it cannot block later runs.
+margin); with several loops the batches in flight run side by side, each waiting at most for
+the one ahead of it, which started before the deadline too. A holder that hangs longer loses
+the lock to the server, so it cannot block later runs.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ import contextlib
 import json
 import logging
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -67,6 +74,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
 
 from include.pin_maintenance import sql
@@ -81,11 +89,8 @@ from include.pin_maintenance.db import (
 from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 from include.pin_maintenance.runloop import (
     JobCancelled,
-    LoopLimits,
-    LoopResult,
     StopReason,
     StopSignal,
-    run_batches,
 )
 from include.pin_maintenance.telemetry import (
     Alert,
@@ -154,6 +159,7 @@ class RunPlan:
     max_run_duration_seconds: float
     eligible_backlog: int
     dry_run: bool = False
+    runners: int = 1  # batch loops per delete task (an XCom from before the key meant one)
 
     def to_xcom(self) -> dict[str, Any]:
         data = asdict(self)
@@ -284,6 +290,7 @@ def _prepare(
         max_run_duration_seconds=float(config["max_run_duration_seconds"]),
         eligible_backlog=int(backlog),
         dry_run=bool(dry_run),
+        runners=int(config["runners"]),
     )
     # Every counter exists at 0 before the run's first event: statsd_exporter creates a series
     # at its first value, and Prometheus sees no rise in a series that starts above 0.
@@ -296,6 +303,7 @@ def _prepare(
         batch_size=plan.batch_size,
         max_batches_per_run=plan.max_batches_per_run,
         max_run_duration_seconds=plan.max_run_duration_seconds,
+        runners=plan.runners,
         retention_period_days=plan.retention_period_days,
         eligible_backlog=plan.eligible_backlog,
         dry_run=plan.dry_run,
@@ -371,27 +379,35 @@ def _walk(
     connect: Connect, plan: RunPlan, table: str, telemetry: Telemetry, stop: StopSignal
 ) -> StepResult:
     log = telemetry.log
-    conn = connect()
+    conns = [_open(connect)]
     try:
-        remaining = conn.execute(
-            sql.load("retention/seconds_until"), {"deadline_at": plan.deadline_at}
-        ).fetchone()[0]
-        conn.rollback()
-        walker = _BatchWalker(conn, plan, table, telemetry)
-        # The first batch always runs (run_batches), so a run whose earlier tasks used up the
-        # budget still makes progress; later batches stop at the run deadline.
-        limits = LoopLimits(
-            max_duration_seconds=max(float(remaining), 0.0),
-            max_batches=plan.max_batches_per_run,
+        remaining = (
+            conns[0]
+            .execute(sql.load("retention/seconds_until"), {"deadline_at": plan.deadline_at})
+            .fetchone()[0]
         )
-        loop: LoopResult = run_batches(walker.batch, limits, stop)
+        conns[0].rollback()
+        # The first batch always runs, so a run whose earlier tasks used up the budget still
+        # makes progress; later batches stop at the run deadline.
+        walk = _Walk(plan, table, telemetry, stop, max_duration_seconds=max(float(remaining), 0.0))
+        # Side loops' connections are opened here, on the caller's thread (an Airflow hook
+        # reads its Connection through the task runner, which is not for side threads).
+        for number in range(2, _runner_count(plan) + 1):
+            try:
+                conns.append(_open(connect))
+            except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
+                log.warning("runner_not_started", table=table, runner=number, error=str(exc))
+                break
+        walk.run(conns)
     finally:
-        conn.close()
+        for conn in conns:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
     result = StepResult(
         table=table,
-        rows=walker.rows,
-        batches=walker.batches,
-        stop_reason=loop.stop_reason.value,
+        rows=walk.rows,
+        batches=walk.batches,
+        stop_reason=walk.stop_reason.value,
         dry_run=plan.dry_run,
     )
     log.info(
@@ -401,71 +417,215 @@ def _walk(
         batches=result.batches,
         stop_reason=result.stop_reason,
         has_more=result.has_more,
+        runners=len(conns),
         dry_run=plan.dry_run,
     )
-    if loop.stop_reason is StopReason.CANCELLED:
-        log.warning("cancelled", table=table, batches=walker.batches, reason=stop.reason)
+    if walk.stop_reason is StopReason.CANCELLED:
+        log.warning("cancelled", table=table, batches=walk.batches, reason=stop.reason)
         raise JobCancelled(
-            f"{table}: stopped between batches after {walker.batches} committed batch(es) "
+            f"{table}: stopped between batches after {walk.batches} committed batch(es) "
             f"({stop.reason})"
         )
     return result
 
 
-class _BatchWalker:
-    """The state of one step's keyset walk: the last key and running totals, nothing more."""
+def _runner_count(plan: RunPlan) -> int:
+    """Loops worth starting: no more than the batches the backlog (at prepare) can fill."""
+    if plan.dry_run:
+        return 1  # counts only: one reader is enough
+    batches = max(1, -(-plan.eligible_backlog // plan.batch_size))
+    return max(1, min(plan.runners, batches, plan.max_batches_per_run))
+
+
+def _open(connect: Connect) -> psycopg.Connection:
+    """A batch connection with asynchronous commit.
+
+    A batch commit need not wait for the WAL flush: a commit lost in a server crash only leaves
+    its rows in place, still eligible, and the next run deletes them (no events are published,
+    nothing downstream saw the delete). Saves a WAL flush per batch.
+    """
+    conn = connect()
+    try:
+        conn.execute("select set_config('synchronous_commit', 'off', false)")
+        conn.commit()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class _Walk:
+    """One step's keyset walk over the eligible sessions, shared by the step's batch loops.
+
+    The claim and the commit are serialised, the deletes run side by side. A loop takes the
+    walk's lock, locks the next ``batch_size`` sessions after the last claimed key (``FOR
+    UPDATE SKIP LOCKED``, in its own transaction), moves the key on and lets go; it deletes
+    its table's rows of that batch while the next loop claims and deletes the next batch; it
+    commits when every earlier batch has. So the loops take exactly the batches one loop would
+    take (``max_batches_per_run`` counts them, every step covers the same prefix) and commit
+    them in the same order: what is committed is always what one loop would have committed.
+    A failed batch rolls back with every later one (one loop would not have started them),
+    earlier ones commit; after a stop request the batch in hand finishes and later ones roll
+    back. Batches of different sessions touch disjoint rows (a session's subtree is its own,
+    seed step 4; a cross-session SET NULL reference updates a row that only one batch touches),
+    so a loop never waits for a row lock of a batch queued behind it; if something outside
+    the schema made it (a foreign trigger), ``lock_timeout`` would fail that batch, not hang.
+    State: the last key, the commit turn and running totals, nothing more.
+    """
 
     def __init__(
-        self, conn: psycopg.Connection, plan: RunPlan, table: str, telemetry: Telemetry
+        self,
+        plan: RunPlan,
+        table: str,
+        telemetry: Telemetry,
+        stop: StopSignal,
+        *,
+        max_duration_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.conn = conn
-        self.plan = plan
-        self.table = table
-        self.telemetry = telemetry
+        self.plan, self.table, self.telemetry, self.stop = plan, table, telemetry, stop
+        self.max_duration_seconds, self.clock = max_duration_seconds, clock
+        self.halt = StopSignal(parent=stop)  # set by a failing loop; follows the run's stop
+        self._lock = threading.RLock()  # the claim and the commit order
+        self._turn = threading.Condition(self._lock)
+        self._settled = 0  # batches done in order (committed, or rolled back after a stop)
+        self._failed_at: int | None = None  # the first failed batch: later ones roll back
+        self._cancel_from: int | None = None  # stop seen: batches from here on roll back
         self.after_ended_at, self.after_id = _KEY_START
+        self.claimed = 0  # batches claimed: the next batch's index
+        self.batches = 0  # batches committed (or counted, in a dry run)
         self.rows = 0
-        self.batches = 0
+        self.stop_reason = StopReason.DRAINED
+        self._drained = False
+        self._errors: list[BaseException] = []
+        self._started = clock()
         self._select = sql.load(
             "retention/peek_session_batch" if plan.dry_run else "retention/claim_session_batch"
         )
         self._act = sql.load(_COUNT_SQL[table] if plan.dry_run else _DELETE_SQL[table])
 
-    def batch(self, index: int) -> bool:
-        attributes = {"pin.batch.index": index, "pin.table": self.table}
-        with self.telemetry.span(f"{JOB} batch", attributes) as span:
-            full = self._batch(index, span)
-        return full
-
-    def _batch(self, index: int, span: Span) -> bool:
-        ids: list[uuid.UUID] = []
+    def run(self, conns: Sequence[psycopg.Connection]) -> None:
+        threads = [
+            threading.Thread(
+                target=self._side_loop,
+                # a thread starts with an empty context: its batch spans join the step's span
+                args=(conn, otel_context.get_current()),
+                name=f"activity-retention-{self.table}-{number}",
+                daemon=True,
+            )
+            for number, conn in enumerate(conns[1:], start=2)
+        ]
+        for thread in threads:
+            thread.start()
         try:
-            rows = self.conn.execute(
-                self._select,
-                {
-                    "cutoff": self.plan.cutoff,
-                    "after_ended_at": self.after_ended_at,
-                    "after_id": self.after_id,
-                    "batch_size": self.plan.batch_size,
-                },
-            ).fetchall()
+            self._loop(conns[0])
+        except BaseException as exc:
+            self._errors.insert(0, exc)
+            self.halt.set("a batch loop failed")
+        finally:
+            for thread in threads:
+                thread.join()
+        if self._errors:
+            raise self._errors[0]
+
+    def _side_loop(self, conn: psycopg.Connection, parent: otel_context.Context) -> None:
+        otel_context.attach(parent)  # this thread's own context, gone with the thread
+        try:
+            self._loop(conn)
+        except BaseException as exc:  # raised on the caller's thread once every loop stopped
+            self._errors.append(exc)
+            self.halt.set("a batch loop failed")
+
+    def _loop(self, conn: psycopg.Connection) -> None:
+        while (claim := self._claim(conn)) is not None:
+            index, ids = claim
+            attributes = {"pin.batch.index": index, "pin.table": self.table}
+            with self.telemetry.span(f"{JOB} batch", attributes) as span:
+                self._act_on(conn, index, ids, span)
+
+    def _claim(self, conn: psycopg.Connection) -> tuple[int, list[uuid.UUID]] | None:
+        """The next batch (its index and session ids, row-locked in ``conn``'s open
+        transaction), or None when a bound, a stop, a failure or the end of the set says so."""
+        with self._lock:
+            if self._drained:
+                return None
+            if self.halt.is_set():  # the run's stop (or a failed loop: raised by run())
+                if self.stop.is_set() and self.stop_reason is StopReason.DRAINED:
+                    self.stop_reason = StopReason.CANCELLED
+                return None
+            if self.claimed >= self.plan.max_batches_per_run:
+                self.stop_reason = StopReason.MAX_BATCHES
+                return None
+            if self.claimed and self.clock() - self._started >= self.max_duration_seconds:
+                self.stop_reason = StopReason.MAX_DURATION
+                return None
+            index = self.claimed
+            try:
+                rows = conn.execute(
+                    self._select,
+                    {
+                        "cutoff": self.plan.cutoff,
+                        "after_ended_at": self.after_ended_at,
+                        "after_id": self.after_id,
+                        "batch_size": self.plan.batch_size,
+                    },
+                ).fetchall()
+            except psycopg.Error as exc:
+                self._fail(conn, index, [], exc)
             if not rows:
-                self.conn.rollback()
-                return False
-            ids = [r[0] for r in rows]
-            cur = self.conn.execute(self._act, {"session_ids": ids, "cutoff": self.plan.cutoff})
+                conn.rollback()
+                self._drained = True
+                return None
+            self.claimed += 1
+            self.after_ended_at, self.after_id = rows[-1][1], rows[-1][0]
+            if len(rows) < self.plan.batch_size:
+                self._drained = True  # a short batch: nothing more is eligible
+            return index, [r[0] for r in rows]
+
+    def _act_on(
+        self, conn: psycopg.Connection, index: int, ids: list[uuid.UUID], span: Span
+    ) -> None:
+        try:
+            cur = conn.execute(self._act, {"session_ids": ids, "cutoff": self.plan.cutoff})
             affected = cur.fetchone()[0] if self.plan.dry_run else cur.rowcount
-            if self.plan.dry_run:
-                self.conn.rollback()
-            else:
-                self.conn.commit()
         except psycopg.Error as exc:
-            self._fail(index, ids, exc)
-        self.after_ended_at, self.after_id = rows[-1][1], rows[-1][0]
-        self.rows += affected
-        self.batches += 1
-        if not self.plan.dry_run:
-            self.telemetry.metrics.incr(DELETED_METRIC[self.table], affected)
-            self.telemetry.metrics.incr(M_BATCHES)
+            self._fail(conn, index, ids, exc)
+        with self._turn:
+            # Commits go in batch order: the committed batches are always a prefix of the
+            # walk, as with one loop (a failure at batch N leaves exactly 0..N-1 committed).
+            self._turn.wait_for(lambda: self._settled == index or self._failed_before(index))
+            if self._failed_before(index) or (
+                self._cancel_from is not None and index >= self._cancel_from
+            ):
+                # One loop would not have started this batch: an earlier one failed, or the
+                # stop came before the batch ahead of it was done.
+                with contextlib.suppress(psycopg.Error):
+                    conn.rollback()
+                if not self._failed_before(index):
+                    self._settled += 1
+                    self.stop_reason = StopReason.CANCELLED
+                self._turn.notify_all()
+                if span.is_recording():
+                    span.set_attributes(
+                        {"pin.batch.sessions": len(ids), "pin.batch.outcome": "rolled_back"}
+                    )
+                return
+            try:
+                if self.plan.dry_run:
+                    conn.rollback()
+                else:
+                    conn.commit()
+            except psycopg.Error as exc:
+                self._fail(conn, index, ids, exc)
+            self.rows += affected
+            self.batches += 1
+            if not self.plan.dry_run:
+                self.telemetry.metrics.incr(DELETED_METRIC[self.table], affected)
+                self.telemetry.metrics.incr(M_BATCHES)
+            self._settled += 1
+            if self.stop.is_set() and self._cancel_from is None:
+                self._cancel_from = index + 1  # batches after this one roll back
+            self._turn.notify_all()
         self.telemetry.log.debug(
             "batch",
             table=self.table,
@@ -483,12 +643,20 @@ class _BatchWalker:
                     "pin.batch.outcome": outcome,
                 }
             )
-        return len(rows) >= self.plan.batch_size
 
-    def _fail(self, index: int, ids: Sequence[uuid.UUID], exc: psycopg.Error) -> None:
+    def _failed_before(self, index: int) -> bool:
+        return self._failed_at is not None and self._failed_at < index
+
+    def _fail(
+        self, conn: psycopg.Connection, index: int, ids: Sequence[uuid.UUID], exc: psycopg.Error
+    ) -> None:
+        with self._turn:
+            self._failed_at = index if self._failed_at is None else min(self._failed_at, index)
+            self.halt.set("a batch loop failed")
+            self._turn.notify_all()
         # If the connection is gone, the server has rolled the batch back already.
         with contextlib.suppress(psycopg.Error):
-            self.conn.rollback()
+            conn.rollback()
         batch_ids = {"first": str(ids[0]), "last": str(ids[-1]), "count": len(ids)} if ids else {}
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         self.telemetry.log.error(
@@ -505,7 +673,7 @@ class _BatchWalker:
                 severity="warning",
                 summary=(
                     f"activity retention: batch {index} of {self.table} failed and was rolled "
-                    f"back; {self.batches} earlier batch(es) stay committed"
+                    f"back; {self.batches} other batch(es) of the task are committed"
                 ),
                 details={"table": self.table, "batch_ids": batch_ids, "error": error},
             )

@@ -27,6 +27,18 @@ CONFIG = ConfigSpec(
             help="Sessions per batch (one transaction per batch and table).",
         ),
         Setting(
+            "runners",
+            3,
+            minimum=1,
+            maximum=8,
+            help=(
+                "Batch loops per delete task, one connection each. They take the task's batches "
+                "in keyset order one after the other (the same batches one loop would take), "
+                "delete them side by side and commit them in batch order; 1 = one loop. Three: "
+                "while one loop waits for its turn to commit, two others delete."
+            ),
+        ),
+        Setting(
             "max_batches_per_run",
             200,
             minimum=1,

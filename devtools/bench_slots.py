@@ -1,0 +1,233 @@
+"""Slot expiration benchmark: ``slot_expiration.run()`` against one set-based UPDATE."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+
+import psycopg
+
+from devtools import bench_data as bd
+from devtools import pg
+from devtools.bench_core import (
+    DAG_IDS,
+    JOB_MODULES,
+    Bench,
+    BenchError,
+    DagOnData,
+    JobRun,
+    SectionSpec,
+    Series,
+    _mb,
+    _rate,
+    _ratio,
+    _secs,
+    _verdict,
+    md_table,
+)
+
+SLOTS_LIMIT = """
+update calendar.availability_slots
+set status = 'Expired', updated_at = now(), version = version + 1
+where status = 'Available' and start_at <= now()
+"""
+# every batch_size-th due start_at: the upper bounds of the chunks of SLOTS_CHUNK
+SLOTS_CHUNK_BOUNDS = """
+select start_at from (
+  select start_at, row_number() over (order by start_at) as n
+  from calendar.availability_slots
+  where status = 'Available' and start_at <= now()
+) as due
+where n %% %(batch_size)s = 0
+order by start_at
+"""
+SLOTS_CHUNK = """
+update calendar.availability_slots
+set status = 'Expired', updated_at = now(), version = version + 1
+where status = 'Available' and start_at <= now()
+  and start_at > coalesce(%(lower)s::timestamptz, '-infinity')
+  and start_at <= coalesce(%(upper)s::timestamptz, 'infinity')
+"""
+
+SLOTS_TEXT = (
+    "Job: `slot_expiration.run()` with defaults (batch_size {batch}, one transaction per batch, "
+    "runners {runners}: the first batch loop starts the others once its first batch comes back "
+    "full), `max_run_duration_seconds` raised so one run expires the whole backlog; also with "
+    "`runners` 1 (one loop, one connection). Limit: one `UPDATE ... SET status = 'Expired', "
+    "updated_at = now(), version = version + 1 WHERE status = 'Available' AND start_at <= "
+    "now()`. Fresh clone per timed run. Diagnostic column: the same raw UPDATE cut into "
+    "{batch}-row transactions by `start_at` ranges computed beforehand (not timed), one "
+    "connection, no row locks, `synchronous_commit = off` like the job: what any design that "
+    "commits every {batch} rows on one connection costs before it locks anything."
+)
+
+
+def _slots_text(batch_size: int, runners: int) -> str:
+    return SLOTS_TEXT.format(batch=batch_size, runners=runners)
+
+
+def slots_template(bench: Bench, total: int, due: int) -> pg.Database:
+    label = f"slots: {total:,} rows, {due:,} due"
+    return bench.dataset(
+        label, total, ("slots", total, due), lambda url: bd.load_slots(url, total, due)
+    )
+
+
+def bench_slots(bench: Bench, out: list[str]) -> None:
+    config = {"max_run_duration_seconds": 3600}
+    module = importlib.import_module(JOB_MODULES["slots"])
+    defaults = module.CONFIG.defaults
+    batch_size, runners = int(defaults["batch_size"]), int(defaults["runners"])
+    rows = []
+    for total, due in bench.plan.slots:
+        template = slots_template(bench, total, due)
+        series = {what: Series() for what in ("job", "one", "limit", "chunks")}
+        rss, cpu = [], Series()
+        for i in range(bench.runs):
+            variants = list(series)
+            for what in variants[i % 4 :] + variants[: i % 4]:
+                seconds, run = slots_timed(bench, what, template, due, config, batch_size)
+                series[what].add(seconds)
+                if what == "job" and run is not None:
+                    rss.append(run.proc.maxrss_kb)
+                    cpu.add(run.cpu)
+        job, one, limit, chunks = (series[k] for k in ("job", "one", "limit", "chunks"))
+        bench.job_medians[("slots", f"{total}/{due}")] = job.median
+        ratio = _ratio(limit.median, job.median)
+        rows.append(
+            [
+                f"{total:,}",
+                f"{due:,}",
+                job.fmt(),
+                one.fmt(),
+                limit.fmt(),
+                f"{ratio:.2f}x",
+                f"{_ratio(limit.median, one.median):.2f}x",
+                _rate(due, job.median),
+                _rate(due, limit.median),
+                chunks.fmt(),
+                f"{_ratio(limit.median, chunks.median):.2f}x",
+                _mb(max(rss)),
+                _secs(cpu.median),
+                _verdict(ratio >= 0.9),
+            ]
+        )
+    out.append(_slots_text(batch_size, runners))
+    out.append("")
+    out.append(
+        md_table(
+            [
+                "table rows",
+                "due",
+                "job",
+                "job, 1 runner",
+                "limit",
+                "limit/job",
+                "limit/job (1 runner)",
+                "job rows/s",
+                "limit rows/s",
+                f"raw UPDATE in {batch_size}-row transactions",
+                "limit/that",
+                "job peak RSS",
+                "job CPU in run()",
+                "goal >= 0.9x",
+            ],
+            rows,
+        )
+    )
+    # the empty cycle: nothing is due; the cost must not grow with the table
+    empty_rows, medians = [], []
+    for total in bench.plan.empty_slots:
+        template = slots_template(bench, total, 0)
+        job, limit, rss = Series(), Series(), []
+        for _ in range(max(bench.runs, bench.plan.empty_runs)):
+            run = bench.run_job("slots", template, config)
+            if run.result.get("ExpiredCount") != 0:
+                raise BenchError(f"empty cycle expired {run.result}")
+            job.add(run.seconds)
+            rss.append(run.proc.maxrss_kb)
+            limit.add(bench.timed_sql(template, [SLOTS_LIMIT], {}))
+        medians.append(job.median)
+        empty_rows.append([f"{total:,}", job.fmt(), limit.fmt(), _mb(max(rss))])
+    growth = medians[-1] / medians[0] if len(medians) > 1 and medians[0] else math.nan
+    out.append("")
+    out.append(
+        f"Empty cycle (no due slot; the job still reads its backlog gauge): "
+        f"{bench.plan.empty_slots[-1]:,} vs {bench.plan.empty_slots[0]:,} rows = "
+        f"**{growth:.2f}x** (goal <= 2x: {_verdict(growth <= 2)})."
+    )
+    out.append("")
+    out.append(
+        md_table(
+            ["table rows", "job (empty cycle)", "raw UPDATE finding nothing", "job peak RSS"],
+            empty_rows,
+        )
+    )
+
+
+def slots_timed(  # noqa: PLR0917 (was a method with the same arguments)
+    bench: Bench, what: str, template: pg.Database, due: int, config: dict, batch_size: int
+) -> tuple[float, JobRun | None]:
+    """One timed slots variant on a fresh clone: job, one (runners 1), limit or chunks."""
+    db = bench.clone(template, "slots")
+    try:
+        run = None
+        if what in {"job", "one"}:
+            run = bench.run_job("slots", db, config | ({"runners": 1} if what == "one" else {}))
+            seconds = run.seconds
+            if run.result.get("ExpiredCount") != due:
+                raise BenchError(f"slots job result {run.result}, due {due}")
+        elif what == "limit":
+            seconds = bench.timed_sql(db, [SLOTS_LIMIT], {})
+        else:
+            seconds = slots_limit_in_chunks(bench, db, batch_size)
+        state = bd.slots_state(db.url)
+        if state["due"] != 0:
+            raise BenchError(f"{what} left {state['due']} due slots")
+        return seconds, run
+    finally:
+        bench.drop(db)
+
+
+def slots_limit_in_chunks(bench: Bench, db: pg.Database, batch_size: int) -> float:
+    """The limit's UPDATE cut into ``batch_size``-row transactions (by start_at ranges)."""
+    with psycopg.connect(db.url) as conn:
+        conn.execute("select set_config('synchronous_commit', 'off', false)")
+        bounds = [row[0] for row in conn.execute(SLOTS_CHUNK_BOUNDS, {"batch_size": batch_size})]
+        conn.commit()
+        started = time.perf_counter()
+        lower = None
+        for upper in [*bounds, None]:
+            conn.execute(SLOTS_CHUNK, {"lower": lower, "upper": upper})
+            conn.commit()
+            lower = upper
+        return time.perf_counter() - started
+
+
+def dag_on_data(bench: Bench) -> DagOnData:
+    """The DAG once on the section's largest dataset."""
+    dag_id = DAG_IDS["slots"]
+    total, due = bench.plan.slots[-1]
+    template = slots_template(bench, total, due)
+    db = bench.clone(template, "af_slots")
+    proc = bench.dags_test(dag_id, db, {dag_id: {"max_run_duration_seconds": 3600}})
+
+    def check() -> None:
+        try:
+            left = bd.slots_state(db.url)["due"]
+            if left:
+                raise BenchError(f"DAG run left {left} due slots")
+        finally:
+            bench.drop(db)
+
+    return DagOnData(proc, due, f"{due:,} due of {total:,}", ("slots", f"{total}/{due}"), check)
+
+
+SECTION = SectionSpec(
+    key="slots",
+    title="Slot expiration (calendar_slot_expiration)",
+    run=bench_slots,
+    dag_id=DAG_IDS["slots"],
+    dag_on_data=dag_on_data,
+)
