@@ -23,10 +23,12 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -341,6 +343,15 @@ class Service:
     url: str
     proc: subprocess.Popen
 
+    def stats(self) -> dict[str, Any]:
+        """The service's own counts (``/stats``: accepted, refused, peak in flight, call log)."""
+        with urllib.request.urlopen(self.url + "/stats", timeout=30) as response:
+            return json.load(response)
+
+    def reset(self) -> None:
+        with urllib.request.urlopen(self.url + "/reset", timeout=30) as response:
+            response.read()
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -357,8 +368,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_selections(latency_ms: float, log_file: Path) -> Service:
-    """``devtools/selections_service.py`` (stdlib HTTP server) on a free loopback port."""
+def start_selections(latency_ms: float, log_file: Path, *extra: str) -> Service:
+    """``devtools/selections_service.py`` (stdlib HTTP server) on a free loopback port;
+    ``extra``: more of its command-line options (e.g. an admission limit)."""
     port = _free_port()
     cmd = [
         sys.executable,
@@ -367,7 +379,8 @@ def start_selections(latency_ms: float, log_file: Path) -> Service:
         "--port",
         str(port),
         "--latency-ms",
-        str(latency_ms),
+        f"{latency_ms:g}",
+        *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log_file, "ab") as sink:

@@ -1,8 +1,8 @@
 """Benchmark section ``detach_capacity`` (issue 16): the detach job against the service's capacity.
 
-Called by ``devtools.bench`` (``Bench.bench_detach_capacity``), which hands over its own
-helpers (the bench object, the capacity client, ``md_table``, ``BenchError``) so this module
-does not import the running ``__main__`` a second time.
+Called by ``devtools.bench_detach`` (section ``detach_capacity``), which hands over the bench
+object, the capacity client, ``md_table`` and ``BenchError``; the selections service comes from
+``devtools.bench_core.start_selections``.
 
 Two questions, each answered with medians of several rounds in the same run:
 
@@ -20,20 +20,13 @@ Two questions, each answered with medians of several rounds in the same run:
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
-import socket
 import statistics
-import subprocess
-import sys
-import time
-import urllib.request
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from devtools.bench_core import Service, start_selections
 
 REPO = Path(__file__).resolve().parent.parent
 LATENCY_MS = 20.0
@@ -50,56 +43,8 @@ RUN_CONFIG = {"max_run_duration_seconds": 3000, "lock_ttl_seconds": 3600}
 LIMITED_RUN_SECONDS = {"smoke": 3, "default": 15}
 
 
-@dataclass
-class _Service:
-    url: str
-    proc: subprocess.Popen
-
-    def stats(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.url + "/stats", timeout=30) as response:
-            return json.load(response)
-
-    def reset(self) -> None:
-        with urllib.request.urlopen(self.url + "/reset", timeout=30) as response:
-            response.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-def _start_service(log_file: Path, *extra: str) -> _Service:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        sys.executable,
-        "-m",
-        "devtools.selections_service",
-        "--port",
-        str(port),
-        "--latency-ms",
-        f"{LATENCY_MS:g}",
-        *extra,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    with open(log_file, "ab") as sink:
-        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    service = _Service(f"http://127.0.0.1:{port}", proc)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return service
-        time.sleep(0.05)
-    service.stop()
-    raise RuntimeError(f"selections service did not start on port {port}; see {log_file}")
+def _start_service(log_file: Path, *extra: str) -> Service:
+    return start_selections(LATENCY_MS, log_file, *extra)
 
 
 def settle_and_ratio(calls: list[list], chunk: int = 25) -> tuple[float, float, float]:
