@@ -33,8 +33,6 @@ DEFAULT_DEADLINE_SECONDS: dict[str, int] = {
     "user_activity_retention": RETENTION_DEADLINE_SECONDS,
 }
 
-deadline_variable = _mechanism.deadline_variable
-
 
 def deadline_alert(dag_id: str, default_seconds: int | None = None) -> DeadlineAlert:
     """The DAG's deadline; ``default_seconds`` defaults to :data:`DEFAULT_DEADLINE_SECONDS`."""
