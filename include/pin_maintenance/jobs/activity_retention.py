@@ -326,8 +326,9 @@ def delete_step(
 ) -> StepResult:
     """Delete ``table``'s rows of the eligible sessions, batch by batch, under the job lock.
 
-    Busy lock: a warning ``lock_skip``, ``activity_retention_lock_contention_total`` + 1, and a
-    no-op result (the task succeeds; the rows stay eligible for the next run).
+    Busy lock: a warning ``lock_skip`` and a no-op result with ``lock_skipped`` (the task
+    succeeds; the rows stay eligible for the next run); :func:`report` counts the busy run once
+    in ``activity_retention_lock_contention_total``.
     ``lock_name=None`` runs without the advisory lock: only ``run`` (which already holds it)
     and the tests of the SKIP LOCKED isolation use that.
 
