@@ -60,6 +60,7 @@ def test_airflow_settings_define_the_contract_connections():
         "user_activity_db": "postgres",
         "selections_api": "http",
         "alerts_webhook": "http",
+        "alertmanager": "http",  # optional, like alerts_webhook: task alerts to Alertmanager
     }
 
 
