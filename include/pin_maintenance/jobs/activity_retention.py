@@ -142,6 +142,21 @@ RESULT_FIELD = {
 _KEY_START = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """One claimed batch as the claim returns it: the ids stay a ``uuid[]`` literal that goes
+    back to the server as is (the client never parses 5000 uuids), plus what the logs need."""
+
+    index: int
+    ids: str  # '{...}': the sessions' ids, oldest first
+    count: int
+    first: uuid.UUID
+    last: uuid.UUID
+
+    def log_ids(self) -> dict[str, Any]:
+        return {"first": str(self.first), "last": str(self.last), "count": self.count}
+
+
 class BatchFailed(RuntimeError):
     """A batch failed and was rolled back; earlier batches of the step stay committed."""
 
@@ -538,15 +553,14 @@ class _Walk:
             self.halt.set("a batch loop failed")
 
     def _loop(self, conn: psycopg.Connection) -> None:
-        while (claim := self._claim(conn)) is not None:
-            index, ids = claim
-            attributes = {"pin.batch.index": index, "pin.table": self.table}
+        while (batch := self._claim(conn)) is not None:
+            attributes = {"pin.batch.index": batch.index, "pin.table": self.table}
             with self.telemetry.span(f"{JOB} batch", attributes) as span:
-                self._act_on(conn, index, ids, span)
+                self._act_on(conn, batch, span)
 
-    def _claim(self, conn: psycopg.Connection) -> tuple[int, list[uuid.UUID]] | None:
-        """The next batch (its index and session ids, row-locked in ``conn``'s open
-        transaction), or None when a bound, a stop, a failure or the end of the set says so."""
+    def _claim(self, conn: psycopg.Connection) -> _Batch | None:
+        """The next batch (its sessions row-locked in ``conn``'s open transaction), or None
+        when a bound, a stop, a failure or the end of the set says so."""
         with self._lock:
             if self._drained:
                 return None
@@ -562,7 +576,7 @@ class _Walk:
                 return None
             index = self.claimed
             try:
-                rows = conn.execute(
+                count, ids, first, last_ended_at, last_id = conn.execute(
                     self._select,
                     {
                         "cutoff": self.plan.cutoff,
@@ -570,27 +584,26 @@ class _Walk:
                         "after_id": self.after_id,
                         "batch_size": self.plan.batch_size,
                     },
-                ).fetchall()
+                ).fetchone()
             except psycopg.Error as exc:
-                self._fail(conn, index, [], exc)
-            if not rows:
+                self._fail(conn, index, None, exc)
+            if not count:
                 conn.rollback()
                 self._drained = True
                 return None
             self.claimed += 1
-            self.after_ended_at, self.after_id = rows[-1][1], rows[-1][0]
-            if len(rows) < self.plan.batch_size:
+            self.after_ended_at, self.after_id = last_ended_at, last_id
+            if count < self.plan.batch_size:
                 self._drained = True  # a short batch: nothing more is eligible
-            return index, [r[0] for r in rows]
+            return _Batch(index, ids, count, first, last_id)
 
-    def _act_on(
-        self, conn: psycopg.Connection, index: int, ids: list[uuid.UUID], span: Span
-    ) -> None:
+    def _act_on(self, conn: psycopg.Connection, batch: _Batch, span: Span) -> None:
+        index = batch.index
         try:
-            cur = conn.execute(self._act, {"session_ids": ids, "cutoff": self.plan.cutoff})
+            cur = conn.execute(self._act, {"session_ids": batch.ids, "cutoff": self.plan.cutoff})
             affected = cur.fetchone()[0] if self.plan.dry_run else cur.rowcount
         except psycopg.Error as exc:
-            self._fail(conn, index, ids, exc)
+            self._fail(conn, index, batch, exc)
         with self._turn:
             # Commits go in batch order: the committed batches are always a prefix of the
             # walk, as with one loop (a failure at batch N leaves exactly 0..N-1 committed).
@@ -608,7 +621,7 @@ class _Walk:
                 self._turn.notify_all()
                 if span.is_recording():
                     span.set_attributes(
-                        {"pin.batch.sessions": len(ids), "pin.batch.outcome": "rolled_back"}
+                        {"pin.batch.sessions": batch.count, "pin.batch.outcome": "rolled_back"}
                     )
                 return
             try:
@@ -617,7 +630,7 @@ class _Walk:
                 else:
                     conn.commit()
             except psycopg.Error as exc:
-                self._fail(conn, index, ids, exc)
+                self._fail(conn, index, batch, exc)
             self.rows += affected
             self.batches += 1
             if not self.plan.dry_run:
@@ -631,7 +644,7 @@ class _Walk:
             "batch",
             table=self.table,
             batch_index=index,
-            sessions=len(ids),
+            sessions=batch.count,
             rows=affected,
             dry_run=self.plan.dry_run,
         )
@@ -639,7 +652,7 @@ class _Walk:
             outcome = "counted" if self.plan.dry_run else "committed"
             span.set_attributes(
                 {
-                    "pin.batch.sessions": len(ids),
+                    "pin.batch.sessions": batch.count,
                     "pin.batch.rows": affected,
                     "pin.batch.outcome": outcome,
                 }
@@ -649,7 +662,7 @@ class _Walk:
         return self._failed_at is not None and self._failed_at < index
 
     def _fail(
-        self, conn: psycopg.Connection, index: int, ids: Sequence[uuid.UUID], exc: psycopg.Error
+        self, conn: psycopg.Connection, index: int, batch: _Batch | None, exc: psycopg.Error
     ) -> None:
         with self._turn:
             self._failed_at = index if self._failed_at is None else min(self._failed_at, index)
@@ -658,7 +671,7 @@ class _Walk:
         # If the connection is gone, the server has rolled the batch back already.
         with contextlib.suppress(psycopg.Error):
             conn.rollback()
-        batch_ids = {"first": str(ids[0]), "last": str(ids[-1]), "count": len(ids)} if ids else {}
+        batch_ids = batch.log_ids() if batch is not None else {}
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         self.telemetry.log.error(
             "batch_failed",
@@ -680,7 +693,8 @@ class _Walk:
             )
         )
         raise BatchFailed(
-            f"{self.table}: batch {index} ({len(ids)} sessions, first {batch_ids.get('first')}, "
+            f"{self.table}: batch {index} ({batch_ids.get('count', 0)} sessions, "
+            f"first {batch_ids.get('first')}, "
             f"last {batch_ids.get('last')}) failed and was rolled back: {error}"
         ) from exc
 

@@ -4,12 +4,24 @@
 -- comparison breaks ties on id (incremental sort within equal ended_at), so a task walks the
 -- eligible set once per run and never re-reads sessions it has already handled.
 -- The first batch passes after_ended_at = '-infinity' (no OR, so a generic plan stays good).
-select id, ended_at
-from user_activity.sessions
-where status = 'Inactive'
-  and ended_at < %(cutoff)s
-  and ended_at >= %(after_ended_at)s
-  and (ended_at, id) > (%(after_ended_at)s::timestamptz, %(after_id)s::uuid)
-order by ended_at, id
-limit %(batch_size)s
-for update skip locked
+-- One row back, not one per session: the batch's ids as one uuid[] literal (the delete takes it
+-- back as is, so the client never parses or re-encodes 5000 uuids), their count, the first id
+-- (for the failure log) and the last key (ended_at, id) the next claim starts after. A batch
+-- of no session returns count 0 and nulls.
+with batch as (
+  select id, ended_at
+  from user_activity.sessions
+  where status = 'Inactive'
+    and ended_at < %(cutoff)s
+    and ended_at >= %(after_ended_at)s
+    and (ended_at, id) > (%(after_ended_at)s::timestamptz, %(after_id)s::uuid)
+  order by ended_at, id
+  limit %(batch_size)s
+  for update skip locked
+)
+select count(*),
+       array_agg(id order by ended_at, id)::text,
+       (array_agg(id order by ended_at, id))[1],
+       max(ended_at),
+       (array_agg(id order by ended_at desc, id desc))[1]
+from batch
