@@ -8,6 +8,7 @@ Each test asserts the database state it promises. Data comes from
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -137,6 +138,27 @@ def ids(first: int, last: int) -> list[uuid.UUID]:
 
 
 # ------------------------------------------------------------------------------ seed table
+
+
+def test_batches_split_sessions_that_share_one_ended_at(db, caplog):
+    """The claim's last key is (ended_at, id): batches that cut through sessions with the same
+    ended_at take each of them exactly once, in id order, and the run drains them all."""
+    with db.connect() as conn:
+        ended = conn.execute("select now() - interval '400 days'").fetchone()[0]
+        tied = sorted(add_session(conn, ended_at=ended) for _ in range(7))
+        later = add_session(conn, ended_at=ended + timedelta(seconds=1))
+        conn.commit()
+    caplog.set_level(logging.DEBUG, logger="pin_maintenance")
+
+    result = job.run(connect_to(db), config(batch_size=3, runners=1), telemetry(), StopSignal())
+
+    assert result.deleted_sessions == 8
+    assert result.deleted_action_events == result.deleted_property_object_views == 8
+    assert result.batches_processed == 9  # 3 per step: 3 + 3 + (1 tied + the later one)
+    session_batches = [r.getMessage() for r in caplog.records if "event=batch " in r.getMessage()]
+    sizes = [m.split(" sessions=")[1].split()[0] for m in session_batches if "table=sessions" in m]
+    assert sizes == ["3", "3", "2"]
+    assert existing(db, "sessions", "id", [*tied, later]) == set()
 
 
 def test_empty_run_is_a_successful_noop(db):
