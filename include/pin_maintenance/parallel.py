@@ -1,0 +1,179 @@
+"""The jobs' one way to run work side by side: lanes under one deadline, stopped as one.
+
+Every job that runs in parallel (slot runners, retention's batch loops, detach's calls) has the
+same needs, and each of its earlier hand-made versions broke one of them on a bad night
+(docs/design.md, "Running side by side"):
+
+- one :class:`Deadline` that every wait takes its timeout from (a join, a condition wait, an
+  HTTP call, a pause), so no wait outlives the run's bound;
+- any exception in any lane, ``BaseException`` included (the Task SDK's ``AirflowTaskTimeout``
+  is one, raised by SIGALRM in the main thread), stops every sibling: the crew's stop signal is
+  set and each lane's cancel hook runs (e.g. ``conn.cancel_safe()``, which interrupts a
+  statement in flight), so a sibling never waits for a lane that is gone;
+- a bounded join: the caller gets its lanes back within the deadline plus a grace it states
+  (the longest single statement or call a lane may still be in), or an error naming the lanes
+  that did not stop;
+- the first exception is re-raised as is, so the task fails with the original error.
+
+Lane 0 runs on the caller's thread (signals, and Airflow hooks that read connections through
+the task runner, only work there); the others on daemon threads. Nothing here knows about
+databases or HTTP: a lane registers how it can be interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from include.pin_maintenance.runloop import StopSignal
+
+T = TypeVar("T")
+
+
+class Deadline:
+    """A fixed point on a monotonic clock; every wait of a run takes its timeout from it."""
+
+    def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._at = clock() + max(0.0, float(seconds))
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    def remaining(self) -> float:
+        """Seconds left, never below 0."""
+        return max(0.0, self._at - self._clock())
+
+    def expired(self) -> bool:
+        return self._clock() >= self._at
+
+    def timeout(self, cap: float | None = None) -> float:
+        """The timeout for one wait: what is left of the run, at most ``cap``."""
+        left = self.remaining()
+        return left if cap is None else min(left, max(0.0, cap))
+
+    def allows(self, seconds: float) -> bool:
+        """Whether something that may take ``seconds`` can still finish before the deadline."""
+        return self.remaining() >= seconds
+
+
+class LanesDidNotStop(RuntimeError):
+    """Some lanes were still running after the bounded join (they were asked to stop)."""
+
+
+@dataclass
+class Lane:
+    """What one lane gets: its number, the crew's stop signal and the run's deadline."""
+
+    index: int
+    stop: StopSignal
+    deadline: Deadline
+    _crew: _Crew = field(repr=False)
+
+    def on_cancel(self, hook: Callable[[], object]) -> None:
+        """Run ``hook`` (from another thread) when the crew is cancelled: it must interrupt
+        whatever this lane may be blocked in, e.g. ``conn.cancel_safe``. Runs at once if the
+        crew is already cancelled."""
+        self._crew.add_hook(hook)
+
+
+class _Crew(Generic[T]):
+    def __init__(self, count: int, stop: StopSignal) -> None:
+        self.stop = StopSignal(parent=stop)
+        self.results: list[T | None] = [None] * count
+        self.errors: list[BaseException] = []
+        self._hooks: list[Callable[[], object]] = []
+        self._lock = threading.Lock()
+        self._cancelled = False
+
+    def add_hook(self, hook: Callable[[], object]) -> None:
+        with self._lock:
+            self._hooks.append(hook)
+            run_now = self._cancelled
+        if run_now:
+            _quietly(hook)
+
+    def fail(self, exc: BaseException) -> None:
+        with self._lock:
+            self.errors.append(exc)
+        self.cancel(f"{type(exc).__name__} in a lane")
+
+    def cancel(self, reason: str) -> None:
+        with self._lock:
+            first = not self._cancelled
+            self._cancelled = True
+            hooks = list(self._hooks)
+        if not first:
+            return
+        self.stop.set(reason)
+        for hook in hooks:
+            _quietly(hook)
+
+
+def _quietly(hook: Callable[[], object]) -> None:
+    # a cancel hook that fails (connection already closed) must not hide the lane's own error
+    with contextlib.suppress(Exception):
+        hook()
+
+
+def run_lanes(
+    lanes: Sequence[Callable[[Lane], T]],
+    *,
+    stop: StopSignal,
+    deadline: Deadline,
+    grace_seconds: float,
+) -> list[T]:
+    """Run ``lanes`` side by side and return their results in order.
+
+    ``stop`` is the run's own stop signal (SIGTERM); each lane sees a child of it that is also
+    set when any lane fails. A lane returns normally when it is done, when its ``stop`` is set,
+    or when ``deadline`` has passed, checking them between units of work. The join waits at most
+    ``deadline.remaining() + grace_seconds``; lanes still running then are cancelled and given
+    ``grace_seconds`` more, after which :class:`LanesDidNotStop` is raised. The first exception
+    of any lane (or one that reaches the caller's thread while it waits) is re-raised.
+    """
+    if not lanes:
+        return []
+    crew: _Crew[T] = _Crew(len(lanes), stop)
+
+    def body(index: int) -> None:
+        lane = Lane(index, crew.stop, deadline, crew)
+        try:
+            crew.results[index] = lanes[index](lane)
+        except BaseException as exc:  # every kind: a sibling must never wait for a dead lane
+            crew.fail(exc)
+
+    threads = [
+        threading.Thread(target=body, args=(i,), name=f"pin-lane-{i}", daemon=True)
+        for i in range(1, len(lanes))
+    ]
+    try:
+        for thread in threads:
+            thread.start()
+        body(0)
+        _join(threads, deadline.remaining() + grace_seconds)
+        if any(t.is_alive() for t in threads):
+            crew.cancel("the run's deadline and grace passed")
+            _join(threads, grace_seconds)
+    except BaseException as exc:  # reached the caller's thread while it waited (SIGALRM, ^C)
+        crew.fail(exc)
+        _join(threads, grace_seconds)
+    stuck = [t.name for t in threads if t.is_alive()]
+    if crew.errors:
+        raise crew.errors[0]
+    if stuck:
+        raise LanesDidNotStop(
+            f"{', '.join(stuck)} still running {grace_seconds:.0f}s after being cancelled"
+        )
+    return crew.results  # type: ignore[return-value]
+
+
+def _join(threads: Sequence[threading.Thread], seconds: float) -> None:
+    until = time.monotonic() + max(0.0, seconds)
+    for thread in threads:
+        thread.join(max(0.0, until - time.monotonic()))

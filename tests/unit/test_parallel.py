@@ -1,0 +1,170 @@
+"""Lanes side by side: any exception stops every lane, the join is bounded (pure; no DB)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from include.pin_maintenance.parallel import Deadline, LanesDidNotStop, run_lanes
+from include.pin_maintenance.runloop import StopSignal
+
+
+class Boom(BaseException):
+    """Not an Exception: what AirflowTaskTimeout or a KeyboardInterrupt look like to a lane."""
+
+
+def waiting_lane(seen: list[str]):
+    """A lane that works until its stop is set, then says so."""
+
+    def lane(ln):
+        while not ln.stop.is_set():
+            time.sleep(0.01)
+        seen.append(f"lane {ln.index} stopped: {ln.stop.reason}")
+        return ln.index
+
+    return lane
+
+
+def test_results_come_back_in_lane_order():
+    deadline = Deadline(10)
+    out = run_lanes(
+        [lambda ln, i=i: (ln.index, i * 10) for i in range(4)],
+        stop=StopSignal(),
+        deadline=deadline,
+        grace_seconds=1,
+    )
+    assert out == [(0, 0), (1, 10), (2, 20), (3, 30)]
+
+
+def test_base_exception_in_a_side_lane_stops_the_others_and_is_reraised():
+    seen: list[str] = []
+
+    def failing(ln):
+        time.sleep(0.05)
+        raise Boom("side lane died")
+
+    started = time.monotonic()
+    with pytest.raises(Boom, match="side lane died"):
+        run_lanes(
+            [waiting_lane(seen), failing, waiting_lane(seen)],
+            stop=StopSignal(),
+            deadline=Deadline(60),
+            grace_seconds=5,
+        )
+    assert time.monotonic() - started < 5  # not the deadline: the crew stopped at once
+    assert sorted(seen) == [
+        "lane 0 stopped: Boom in a lane",
+        "lane 2 stopped: Boom in a lane",
+    ]
+
+
+def test_exception_in_the_callers_lane_stops_side_lanes():
+    seen: list[str] = []
+
+    def failing(ln):
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):
+        run_lanes(
+            [failing, waiting_lane(seen), waiting_lane(seen)],
+            stop=StopSignal(),
+            deadline=Deadline(60),
+            grace_seconds=5,
+        )
+    assert len(seen) == 2
+
+
+def test_cancel_hooks_interrupt_a_blocked_lane():
+    """A lane blocked in something that ignores the stop flag (a statement in flight) is
+    released by its hook, as ``conn.cancel_safe`` releases a statement."""
+    released = threading.Event()
+
+    def blocked(ln):
+        ln.on_cancel(released.set)
+        assert released.wait(30), "never released"
+        raise RuntimeError("statement cancelled")
+
+    def failing(ln):
+        time.sleep(0.05)
+        raise KeyError("first error")
+
+    started = time.monotonic()
+    with pytest.raises(KeyError, match="first error"):  # the first error, not the follow-up
+        run_lanes([blocked, failing], stop=StopSignal(), deadline=Deadline(60), grace_seconds=5)
+    assert time.monotonic() - started < 5
+
+
+def test_the_runs_stop_signal_reaches_every_lane():
+    run_stop = StopSignal()
+    seen: list[str] = []
+    timer = threading.Timer(0.1, run_stop.set, args=("SIGTERM received",))
+    timer.start()
+    out = run_lanes(
+        [waiting_lane(seen), waiting_lane(seen)],
+        stop=run_stop,
+        deadline=Deadline(60),
+        grace_seconds=5,
+    )
+    timer.join()
+    assert out == [0, 1]
+    assert sorted(seen) == ["lane 0 stopped: SIGTERM received", "lane 1 stopped: SIGTERM received"]
+
+
+def test_join_is_bounded_by_deadline_plus_grace_even_when_a_lane_never_stops():
+    forever = threading.Event()
+
+    def stubborn(ln):
+        forever.wait(30)  # ignores the stop and registers no hook
+
+    started = time.monotonic()
+    with pytest.raises(LanesDidNotStop, match="pin-lane-1"):
+        run_lanes(
+            [lambda ln: None, stubborn],
+            stop=StopSignal(),
+            deadline=Deadline(0.2),
+            grace_seconds=0.3,
+        )
+    took = time.monotonic() - started
+    forever.set()
+    assert took < 0.2 + 0.3 + 0.3 + 1.0  # deadline + grace, then grace after the cancel
+
+
+def test_a_signal_raised_in_the_callers_thread_while_it_joins_stops_every_lane():
+    """What ``execution_timeout`` does: SIGALRM raises AirflowTaskTimeout (a BaseException)
+    in the main thread, here while lane 0 is done and the caller waits for the others."""
+    seen: list[str] = []
+
+    def on_alarm(signum, frame):
+        raise Boom("execution_timeout")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    started = time.monotonic()
+    try:
+        with pytest.raises(Boom, match="execution_timeout"):
+            run_lanes(
+                [lambda ln: None, waiting_lane(seen), waiting_lane(seen)],
+                stop=StopSignal(),
+                deadline=Deadline(60),
+                grace_seconds=5,
+            )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 5
+    assert len(seen) == 2
+
+
+def test_deadline_timeout_is_what_is_left_capped():
+    now = [100.0]
+    deadline = Deadline(10, clock=lambda: now[0])
+    assert deadline.timeout() == 10
+    assert deadline.timeout(3) == 3
+    assert deadline.allows(10) and not deadline.allows(10.5)
+    now[0] = 108.0
+    assert deadline.timeout(5) == 2
+    now[0] = 200.0
+    assert deadline.remaining() == 0 and deadline.expired() and deadline.timeout(5) == 0
