@@ -75,8 +75,15 @@ from include.pin_maintenance.telemetry import (
 )
 
 # One statement never runs longer than this; a slow batch is an infrastructure failure.
+# A batch commit need not wait for the WAL flush: a commit lost in a server crash only leaves its
+# slots Available, and the next cycle expires them (nothing downstream saw the transition; the
+# seed publishes no events). Saves a WAL flush per batch. Like the timeouts it is set in each
+# transaction (db.configured), so it never reaches another client of a pooled server connection.
 SESSION = SessionSettings(
-    statement_timeout_ms=30_000, lock_timeout_ms=5_000, application_name="pin-slot-expiration"
+    statement_timeout_ms=30_000,
+    lock_timeout_ms=5_000,
+    application_name="pin-slot-expiration",
+    synchronous_commit="off",
 )
 
 # Metric names are a contract (BRIEF / seed "Наблюдаемость"); do not rename.
@@ -470,14 +477,11 @@ def _combined(reasons: Sequence[StopReason]) -> StopReason:
 
 
 def _open(connect: Connect) -> psycopg.Connection:
-    """A connection set up for batches: autocommit outside them, asynchronous commit."""
+    """A connection set up for batches: every batch is an explicit transaction (autocommit
+    outside them); its settings, asynchronous commit included, come from ``connect``."""
     conn = connect()
     try:
-        conn.autocommit = True  # every batch is an explicit transaction; reads take none
-        # A batch commit need not wait for the WAL flush: a commit lost in a server crash only
-        # leaves its slots Available, and the next cycle expires them (nothing downstream saw
-        # the transition; the seed publishes no events). Saves a WAL flush per batch.
-        conn.execute("select set_config('synchronous_commit', 'off', false)")
+        conn.autocommit = True
     except BaseException:
         conn.close()
         raise
