@@ -155,14 +155,10 @@ def test_the_pool_check_counts_a_held_lock_connection(db: Database, pgbouncer):
         lock.rollback()
 
 
-@pytest.mark.xfail(
-    reason="retention's ordered commit loops hold a transaction while waiting for their turn; "
-    "passes once retention's independent SKIP LOCKED loops (its engineer's change) land",
-    strict=False,
-)
 def test_retention_with_more_runners_than_the_pool_completes_or_fails_fast(db: Database, pgbouncer):
     """lock + 3 runners on a pool of 3: either the whole backlog goes, or the run fails
-    within seconds naming the pool size, with no batch half deleted."""
+    within seconds naming the pool size, with no batch half deleted (before: it hung in the
+    pooler's queue until query_wait_timeout, after deleting part of the backlog)."""
     from include.pin_maintenance.jobs import activity_retention as ar
 
     with psycopg.connect(db.url) as conn:
