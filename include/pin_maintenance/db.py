@@ -10,7 +10,9 @@ client of the same pool never sees it (docs/deploying.md, "Behind a pooler").
   transaction the connection opens: the implicit one of a non-autocommit connection, every
   ``conn.transaction()`` block, and a one-statement transaction around each statement run in
   autocommit mode. Job code calls nothing per transaction. The local settings go in the same
-  round trip as psycopg's own ``BEGIN`` (one simple-query string).
+  round trip as psycopg's own ``BEGIN`` (one simple-query string). (So a statement that cannot
+  run in a transaction block, ``VACUUM`` or ``CREATE INDEX CONCURRENTLY``, cannot run on a job
+  connection; the jobs have none.)
 - ``application_name`` is per transaction too, not a startup parameter: PgBouncer 1.18 applies
   a client's startup ``application_name`` to the server connection with a session ``SET`` and
   leaves it there, so a later client that sends none sees the job's name (checked here).
