@@ -200,3 +200,34 @@ def test_server_defaults_are_what_a_direct_session_sees(db: Database):
     defaults = server_defaults(db)
     assert defaults["application_name"] == ""
     assert set(defaults) >= {"statement_timeout", "lock_timeout", "synchronous_commit"}
+
+
+def test_detach_retry_on_a_one_connection_pool_fails_fast_and_claims_nothing(
+    db: Database, pgbouncer
+):
+    """lock + batch connection = 2: on a pool of 1 the lock takes the only server; the batch
+    connection's check fails within seconds, before any claim (no attempt spent)."""
+    from devtools.selections_service import SelectionsService
+    from tests.integration.snapshot_detach_fixtures import insert_entries, rows, run_job
+
+    entries = insert_entries(db, 3)
+    before = rows(db)
+    bouncer = pgbouncer(db, pool_size=1, query_wait_timeout=60)
+    with SelectionsService() as svc:
+        started = time.monotonic()
+        with pytest.raises(PoolTooSmall, match="needs 2 server connections"):
+            run_job(bouncer.db(), svc)
+        assert time.monotonic() - started < 15
+        assert svc.calls == []
+    assert rows(db) == before
+    assert all(rows(db)[e.snapshot_id].attempts == 0 for e in entries)
+    with psycopg.connect(db.url) as conn:  # the lock went with the run
+        (locks,) = conn.execute(
+            "select count(*) from pg_locks where locktype = 'advisory'"
+        ).fetchone()
+    assert locks == 0
+    # PgBouncer reads no more from a client waiting for a server, so it notices the closed
+    # waiting connection only when the lock's server frees up: it hands it that server and then
+    # closes it ("client disconnect while server was not ready"). What the pool has is clean.
+    expected = server_defaults(db)
+    assert all(view.settings == expected for view in canary(bouncer))
