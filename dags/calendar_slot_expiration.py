@@ -3,7 +3,9 @@
 
 **Purpose.** Availability slots whose start has passed and that nobody booked stop counting as
 free: `Available` slots with `start_at <= AsOf` become `Expired` (`updated_at = AsOf`,
-`version + 1`), oldest first, in batches of `batch_size` under `FOR UPDATE SKIP LOCKED`. Booked,
+`version + 1`), oldest first, in batches of `batch_size` under `FOR UPDATE SKIP LOCKED`, at most
+`max_batches_per_cycle` batches per cycle (1 by default: the seed's bound of `batch_size` rows
+per cycle; the backlog waits for the next cycles). Booked,
 Expired, Archived and future slots are never touched. Tier-3 hygiene: booking correctness does
 not depend on this job (booking guards reject past slots on their own).
 
@@ -12,21 +14,25 @@ not depend on this job (booking guards reject past slots on their own).
 **Schedule.** Every 5 minutes (`*/5 * * * *`, UTC). One run at a time (`max_active_runs=1`):
 the next tick waits for the running cycle. There is **no global lock**; a second runner (another
 deployment, a manual `airflow tasks test`) is safe because each batch locks its rows with
-`SKIP LOCKED`, so every slot is expired by exactly one runner. The cycle uses this itself: when
-its first batch comes back full it starts up to `runners - 1` more batch loops, each on its own
-connection, that share the backlog the same way.
+`SKIP LOCKED`, so every slot is expired by exactly one runner. In drain mode
+(`max_batches_per_cycle` above 1) the cycle uses this itself: when its first batch comes back
+full it starts up to `runners - 1` more batch loops, each on its own connection, that share the
+backlog the same way (the cycle then holds `runners` server connections at once).
 
 **Safe to rerun?** Yes, at any time. The selection takes only `Available` rows, so a committed
 batch is never selected again and a second pass is a no-op. A failed run has rolled back only
 the batch in hand; the next cycle picks the same rows up.
 
 **Params** (empty = the Variable `calendar_slot_expiration` JSON, else the default):
-`batch_size` (500, 1..10000), `runners` (2, 1..8 batch loops, one connection each; 1 = one loop
+`batch_size` (500, 1..10000), `max_batches_per_cycle` (1, 1..100000; raise it to drain a
+backlog), `runners` (2, 1..8 batch loops in drain mode, one connection each; 1 = one loop
 on one connection), `max_run_duration_seconds` (30, > 0; no new batch starts after it, the rest
 waits for the next cycle), `dry_run` (count what would expire, change nothing).
 
 **Result** (task return value and the `cycle_completed` log line): `ExpiredCount`,
-`SkippedLockedCount` (due slots locked by an in-flight booking or another runner),
+`SkippedLockedCount` (due slots a batch passed over because an in-flight booking or another
+instance held them; when the cycle stops on a bound, only those before the furthest point its
+index walk reached, never the backlog it did not reach),
 `DurationMs`, plus `ErrorsCount`, `Backlog`, `Batches`, `Runners`, `StopReason`.
 
 **Metrics.** `calendar_slot_expiration_cycle_duration_seconds`, `_items_total`, `_backlog`
@@ -41,9 +47,10 @@ waits for the next cycle), `dry_run` (count what would expire, change nothing).
   `run_immediately` does not change that). Preview a paused DAG in-process instead (one run,
   the DAG stays paused): `airflow dags test calendar_slot_expiration --conf '{"dry_run": true}'`.
 - *Backlog grows / `_backlog` > 5000 for long*: check the task log's `cycle_completed` line.
-  `stop_reason=max_duration` every cycle means the job falls behind: raise
-  `max_run_duration_seconds`, `runners` or `batch_size` in the Variable; check the `calendar_db`
-  load and that `ix_availability_slots_status_start` exists.
+  `stop_reason=max_batches` every cycle means the backlog grows faster than `batch_size` per
+  cycle: raise `max_batches_per_cycle` (drain mode, with `runners`) or `batch_size` in the
+  Variable; `stop_reason=max_duration` means raise `max_run_duration_seconds`; check the
+  `calendar_db` load and that `ix_availability_slots_status_start` exists.
 - *Poison slot* (alert `slot_expiration_poison_row`, `event=item_failed slot_id=...` at ERROR):
   one slot fails its update (a trigger, a constraint, a bad value such as `version` at the
   integer limit). The rest of its batch is committed; the slot stays `Available` and is tried

@@ -265,6 +265,18 @@ def _session_settings(module: object, job_name: str):
     return SessionSettings(application_name=job_name)
 
 
+def _preparing(connect, threshold: int):
+    """The job's connections, but with psycopg's auto-prepare back on (its default is 5):
+    what the job would gain from server-side prepared statements on a direct connection."""
+
+    def open_preparing():
+        conn = connect()
+        conn.prepare_threshold = threshold
+        return conn
+
+    return open_preparing
+
+
 def _as_dict(result: object) -> dict:
     for name in ("as_dict", "to_dict", "asdict"):
         method = getattr(result, name, None)
@@ -304,6 +316,8 @@ def job_child_main(spec_json: str) -> int:
     config = module.CONFIG.resolve(None, spec["config"])
     url = spec["url"]
     connect = configured(lambda: psycopg.connect(url), _session_settings(module, module.CONFIG.job))
+    if spec.get("prepare_threshold") is not None:  # the bench's "with prepared statements" case
+        connect = _preparing(connect, int(spec["prepare_threshold"]))
     job_log = JobLog(module.CONFIG.job, f"bench__{uuid.uuid4().hex[:8]}")
     metrics = RecordingMetrics()
     alerts = LogOnlyAlerts(job_log)

@@ -127,6 +127,8 @@ def _timed_run(bench: Bench, job: str, template: Any, mode: str, endpoint: str):
 
     config: dict[str, Any] = {"max_run_duration_seconds": 3000}
     extra: dict[str, Any] = {}
+    if job == "slots":
+        config["max_batches_per_cycle"] = 100_000  # drain mode: one cycle, the whole backlog
     if job == "detach":
         config["lock_ttl_seconds"] = 3600
         extra["selections_url"] = bench.selections().url

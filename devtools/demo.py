@@ -140,7 +140,13 @@ JOBS = [
         describe_requeue,
         conf={"all_quarantined": True, "dry_run": True},
     ),
-    DemoJob("calendar_slot_expiration", slot_counts, describe_slots),
+    # drain mode: the whole demo backlog in one cycle (a default cycle takes one batch of 500)
+    DemoJob(
+        "calendar_slot_expiration",
+        slot_counts,
+        describe_slots,
+        conf={"max_batches_per_cycle": 10},
+    ),
     DemoJob("user_activity_retention", activity_counts, describe_retention),
 ]
 

@@ -122,3 +122,6 @@ os.environ.setdefault("AIRFLOW_HOME", str(_REPO / ".local" / "airflow-test"))
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(_REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(_REPO / "plugins"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+# the PgBouncer fixture (tests/pooler.py) for every tier that runs jobs through a pooler
+pytest_plugins = ["tests.pooler"]

@@ -140,6 +140,10 @@ def run_lanes(
     if not lanes:
         return []
     crew: _Crew[T] = _Crew(len(lanes), stop)
+    # A lane is over when its event is set. Not Thread.is_alive()/join(): on CPython 3.11 a
+    # join interrupted by an exception from a signal handler (SIGALRM's AirflowTaskTimeout)
+    # can mark a running thread as stopped, and every later join returns at once.
+    done = [threading.Event() for _ in lanes]
 
     def body(index: int) -> None:
         lane = Lane(index, crew.stop, deadline, crew)
@@ -147,23 +151,26 @@ def run_lanes(
             crew.results[index] = lanes[index](lane)
         except BaseException as exc:  # every kind: a sibling must never wait for a dead lane
             crew.fail(exc)
+        finally:
+            done[index].set()
 
     threads = [
         threading.Thread(target=body, args=(i,), name=f"pin-lane-{i}", daemon=True)
         for i in range(1, len(lanes))
     ]
+    side = done[1:]
     try:
         for thread in threads:
             thread.start()
         body(0)
-        _join(threads, deadline.remaining() + grace_seconds)
-        if any(t.is_alive() for t in threads):
+        _join(side, deadline.remaining() + grace_seconds)
+        if not all(event.is_set() for event in side):
             crew.cancel("the run's deadline and grace passed")
-            _join(threads, grace_seconds)
+            _join(side, grace_seconds)
     except BaseException as exc:  # reached the caller's thread while it waited (SIGALRM, ^C)
         crew.fail(exc)
-        _join(threads, grace_seconds)
-    stuck = [t.name for t in threads if t.is_alive()]
+        _join(side, grace_seconds)
+    stuck = [t.name for t, event in zip(threads, side, strict=True) if not event.is_set()]
     if crew.errors:
         raise crew.errors[0]
     if stuck:
@@ -173,7 +180,7 @@ def run_lanes(
     return crew.results  # type: ignore[return-value]
 
 
-def _join(threads: Sequence[threading.Thread], seconds: float) -> None:
+def _join(events: Sequence[threading.Event], seconds: float) -> None:
     until = time.monotonic() + max(0.0, seconds)
-    for thread in threads:
-        thread.join(max(0.0, until - time.monotonic()))
+    for event in events:
+        event.wait(max(0.0, until - time.monotonic()))

@@ -38,6 +38,7 @@ def test_structure(dag):
     assert "Runbook" in dag.doc_md and "Safe to rerun" in dag.doc_md
     assert set(dag.params.keys()) == {
         "batch_size",
+        "max_batches_per_cycle",
         "runners",
         "max_run_duration_seconds",
         "dry_run",
@@ -76,7 +77,7 @@ def test_run_expires_due_slots_isolates_a_poison_row_and_exits_zero(db: Database
         )
     before = table_state(db)
 
-    done = run_dag(DAG_ID, db, conf={"batch_size": 2})
+    done = run_dag(DAG_ID, db, conf={"batch_size": 2, "max_batches_per_cycle": 100})
 
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-5000:]
@@ -101,6 +102,29 @@ def test_run_expires_due_slots_isolates_a_poison_row_and_exits_zero(db: Database
         ("slot_expiration_poison_row", str(poison))
     ]
     assert "event=item_failed" in output and f"slot_id={poison}" in output
+
+
+def test_a_default_cycle_expires_one_batch_and_leaves_the_backlog_for_the_next(
+    db: Database, run_dag
+):
+    """Seed 002: batch_size is the bound of rows per cycle (max_batches_per_cycle 1)."""
+    now = datetime.now(UTC)
+    with db.connect() as conn:
+        ids = [insert_slot(conn, start_at=now - timedelta(minutes=m)) for m in range(1, 8)]
+    done = run_dag(DAG_ID, db, conf={"batch_size": 3})
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-5000:]
+    result = _return_value(output)
+    assert result is not None, output[-5000:]
+    assert (result["ExpiredCount"], result["Batches"], result["Runners"]) == (3, 1, 1)
+    assert (result["StopReason"], result["SkippedLockedCount"], result["Backlog"]) == (
+        "max_batches",
+        0,
+        4,
+    )
+    state = table_state(db)
+    oldest_first = sorted(ids, key=lambda i: state[i][3])
+    assert [state[i][0] for i in oldest_first] == ["Expired"] * 3 + ["Available"] * 4
 
 
 def test_dry_run_changes_nothing(db: Database, run_dag):

@@ -136,7 +136,7 @@ def check_slot_expiration(e2e: E2EAirflow, *, dry_run_via: str = "cli", via: str
         assert _slot_counts(e2e) == {"Available": 35, "Booked": 4}, "a dry run changed slots"
         assert e2e.xcom(SLOTS, dry, "expire_slots")["ExpiredCount"] == 0
 
-        run_id = trigger(e2e, SLOTS, {"batch_size": 7}, via)
+        run_id = trigger(e2e, SLOTS, {"batch_size": 7, "max_batches_per_cycle": 10}, via)
 
         assert _slot_counts(e2e) == {"Available": 5, "Booked": 4, "Expired": 30}
         result = e2e.xcom(SLOTS, run_id, "expire_slots")

@@ -178,7 +178,8 @@ def _seed_due_slots(e2e: E2EAirflow, count: int) -> None:
 
 def _slot_run(e2e: E2EAirflow) -> tuple[str, dict]:
     _seed_due_slots(e2e, 20)
-    run_id = jc.trigger(e2e, jc.SLOTS, {}, "api")
+    # drain mode, so that the pushed batch_size shows in the number of batches of one cycle
+    run_id = jc.trigger(e2e, jc.SLOTS, {"max_batches_per_cycle": 10}, "api")
     return run_id, e2e.xcom(jc.SLOTS, run_id, "expire_slots")
 
 

@@ -31,6 +31,9 @@ from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMe
 GATE_KEY = 4242
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 WAIT_LIMIT_SECONDS = 30
+# Drain mode: these tests follow a cycle across batches and runners (the default cycle takes
+# one batch, seed 002's bound; test_slot_expiration_bounds.py tests that bound itself).
+DRAIN = {"max_batches_per_cycle": 1000}
 
 TEST_TRIGGERS = """
 create table public.slot_gate (id uuid primary key);

@@ -20,12 +20,55 @@ from include.pin_maintenance.db import (
 pytestmark = pytest.mark.integration
 
 
+SHOW_GUARDS = (
+    "select current_setting('statement_timeout'), current_setting('lock_timeout'),"
+    " current_setting('application_name'), current_setting('synchronous_commit')"
+)
+GUARDED = ("1234ms", "567ms", "pin:test", "off")
+
+
 def test_configure_session_sets_timeouts_and_name(db):
     with db.connect() as conn:
         configure_session(conn, SessionSettings(1234, 567, "pin:test"))
         assert conn.execute("show statement_timeout").fetchone()[0] == "1234ms"
         assert conn.execute("show lock_timeout").fetchone()[0] == "567ms"
         assert conn.execute("show application_name").fetchone()[0] == "pin:test"
+
+
+def test_settings_apply_in_every_kind_of_transaction_and_never_on_the_session(db):
+    """Implicit transaction, transaction() block, savepoint, a bare autocommit statement: each
+    sees the guards; after commit or rollback the session is back at the server defaults."""
+    settings = SessionSettings(1234, 567, "pin:test", synchronous_commit="off")
+    with configured(db.connect, settings)() as conn:
+        assert conn.execute(SHOW_GUARDS).fetchone() == GUARDED  # implicit transaction
+        conn.commit()
+        conn.execute("select 1")
+        conn.rollback()
+        conn.autocommit = True
+        assert conn.execute(SHOW_GUARDS).fetchone() == GUARDED  # a transaction of its own
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        with conn.transaction():
+            assert conn.execute(SHOW_GUARDS).fetchone() == GUARDED
+            with conn.transaction():  # a savepoint keeps them
+                assert conn.execute(SHOW_GUARDS).fetchone() == GUARDED
+        # the session itself: read through the raw protocol, outside any transaction
+        result = conn.pgconn.exec_(SHOW_GUARDS.encode())
+        session = tuple(result.get_value(0, i).decode() for i in range(4))
+        assert session != GUARDED
+        assert session[0] == "0" and session[1] == "0" and session[2] == ""
+
+
+def test_no_server_side_prepared_statements(db):
+    """psycopg prepares a query after 5 runs by default; a pooled connection must never."""
+    with configured(db.connect, SessionSettings())() as conn:
+        for _ in range(12):
+            conn.execute("select 1 where %s::int = 1", (1,)).fetchone()
+        assert conn.execute("select count(*) from pg_prepared_statements").fetchone()[0] == 0
+        conn.rollback()
+        conn.autocommit = True
+        for _ in range(12):
+            conn.execute("select 1 where %s::int = 1", (1,)).fetchone()
+        assert conn.execute("select count(*) from pg_prepared_statements").fetchone()[0] == 0
 
 
 def test_statement_timeout_cancels_a_runaway_statement(db):

@@ -15,6 +15,7 @@ from include.pin_maintenance.db import SessionSettings, configured
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.runloop import JobCancelled
 from tests.integration.slot_expiration_fixtures import (
+    DRAIN,
     NOW,
     Background,
     backend_pids,
@@ -126,7 +127,7 @@ def test_backlog_bigger_than_a_batch_is_taken_oldest_first_and_the_rest_waits(
 
     first = run_job(
         slots_db,
-        {"batch_size": 10, "runners": 1, "max_run_duration_seconds": 30},
+        {**DRAIN, "batch_size": 10, "runners": 1, "max_run_duration_seconds": 30},
         clock=lambda: next(ticks),
     )
 
@@ -135,7 +136,7 @@ def test_backlog_bigger_than_a_batch_is_taken_oldest_first_and_the_rest_waits(
     assert first.backlog == 15
     assert [state[i][0] for i in ids] == ["Expired"] * 10 + ["Available"] * 15
 
-    second = run_job(slots_db, {"batch_size": 10, "runners": 1})
+    second = run_job(slots_db, {**DRAIN, "batch_size": 10, "runners": 1})
 
     assert (second.expired_count, second.batches, second.stop_reason) == (15, 2, "drained")
     assert second.backlog == 0
@@ -256,7 +257,7 @@ def test_poison_row_is_isolated_logged_alerted_and_the_rest_of_the_batch_commits
     caplog.set_level(logging.INFO, logger=LOGGER)
     run = new_run()
 
-    result = run_job(slots_db, {"batch_size": 25}, run=run)
+    result = run_job(slots_db, {**DRAIN, "batch_size": 25}, run=run)
 
     after = table_state(slots_db)
     assert after[poison] == before[poison]
@@ -271,7 +272,7 @@ def test_poison_row_is_isolated_logged_alerted_and_the_rest_of_the_batch_commits
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("event=item_failed" in m and f"slot_id={poison}" in m for m in errors)
 
-    again = run_job(slots_db, {"batch_size": 25})  # left for the next cycle, still failing
+    again = run_job(slots_db, {**DRAIN, "batch_size": 25})  # left for the next cycle, still failing
 
     assert (again.expired_count, again.errors_count) == (0, 1)
     assert table_state(slots_db)[poison] == before[poison]
@@ -283,11 +284,11 @@ def test_runner_held_mid_batch_keeps_its_rows_and_a_parallel_runner_takes_the_re
     ids = insert_due(slots_db, 30)
     # The gate sits on the batch's last row: by the time it is updated, all ten are locked.
     with gate(slots_db, ids[9]) as release:
-        held = Background(lambda: run_job(slots_db, {"batch_size": 10}, app="runner-a"))
+        held = Background(lambda: run_job(slots_db, {**DRAIN, "batch_size": 10}, app="runner-a"))
         held.start()
         wait_at_gate(slots_db, "runner-a")  # runner A has locked the 10 oldest
 
-        other = run_job(slots_db, {"batch_size": 10}, app="runner-b")
+        other = run_job(slots_db, {**DRAIN, "batch_size": 10}, app="runner-b")
 
         assert (other.expired_count, other.skipped_locked_count) == (20, 10)
         release()
@@ -304,7 +305,7 @@ def test_three_concurrent_runs_expire_each_slot_exactly_once(slots_db: Database)
 
     def runner(n: int):
         start.wait()
-        return run_job(slots_db, {"batch_size": 50}, app=f"runner-{n}")
+        return run_job(slots_db, {**DRAIN, "batch_size": 50}, app=f"runner-{n}")
 
     runs = [Background(lambda n=n: runner(n)) for n in range(3)]
     for r in runs:
@@ -322,7 +323,7 @@ def test_cancellation_mid_batch_commits_that_batch_whole_and_releases_the_locks(
     ids = insert_due(slots_db, 30)
     run = new_run()
     with gate(slots_db, ids[3]) as release:
-        job = Background(lambda: run_job(slots_db, {"batch_size": 10}, run=run))
+        job = Background(lambda: run_job(slots_db, {**DRAIN, "batch_size": 10}, run=run))
         job.start()
         wait_at_gate(slots_db)
         run.stop.set("SIGTERM received")
@@ -344,7 +345,9 @@ def test_interrupted_batch_rolls_back_whole_fails_the_run_and_the_next_run_finis
     run = new_run()
     with gate(slots_db, ids[14]) as release:  # second batch
         job = Background(
-            lambda: run_job(slots_db, {"batch_size": 10, "runners": 1}, run=run, app="victim")
+            lambda: run_job(
+                slots_db, {**DRAIN, "batch_size": 10, "runners": 1}, run=run, app="victim"
+            )
         )
         job.start()
         wait_at_gate(slots_db, "victim")
@@ -363,7 +366,7 @@ def test_interrupted_batch_rolls_back_whole_fails_the_run_and_the_next_run_finis
     assert run.metrics.counters[se.M_ERRORS] == 1
     assert lock_all_nowait(slots_db) == 30
 
-    assert run_job(slots_db, {"batch_size": 10}).expired_count == 20
+    assert run_job(slots_db, {**DRAIN, "batch_size": 10}).expired_count == 20
     assert {s[:2] for s in table_state(slots_db).values()} == {("Expired", 2)}
 
 
@@ -373,7 +376,7 @@ def test_dry_run_counts_what_would_expire_and_changes_nothing(slots_db: Database
         insert_slot(conn, start_at=NOW + timedelta(hours=1))
     before = table_state(slots_db)
 
-    result = run_job(slots_db, {"batch_size": 2}, dry_run=True)
+    result = run_job(slots_db, {**DRAIN, "batch_size": 2}, dry_run=True)
 
     assert result.as_dict()["WouldExpireCount"] == 7
     assert result.as_dict()["DryRun"] is True
@@ -392,7 +395,7 @@ def test_invalid_config_fails_before_any_connection_naming_the_key(slots_db: Dat
 
     run = new_run()
     with pytest.raises(ConfigError, match="batch_size = 0"):
-        se.run(connect, {"batch_size": 0}, run.telemetry, run.stop)
+        se.run(connect, {**DRAIN, "batch_size": 0}, run.telemetry, run.stop)
     with pytest.raises(ConfigError, match="max_run_duration_seconds"):
         se.run(connect, {"max_run_duration_seconds": -1}, run.telemetry, run.stop)
     assert opened == []
@@ -413,7 +416,7 @@ def test_generated_mix_expires_exactly_the_past_available_slots(db: Database):
             "archived": 50,
         }
 
-    result = run_job(db, {"batch_size": 500})
+    result = run_job(db, {**DRAIN, "batch_size": 500})
 
     # two runners: 500 + 500 full, then one short batch each
     assert (result.expired_count, result.batches, result.runners) == (1200, 4, 2)
@@ -430,7 +433,7 @@ def test_two_runners_share_a_backlog_and_expire_each_slot_once(
     ids = insert_due(slots_db, 3000)
     caplog.set_level(logging.INFO, logger=LOGGER)
 
-    result = run_job(slots_db, {"batch_size": 50, "runners": 2})
+    result = run_job(slots_db, {**DRAIN, "batch_size": 50, "runners": 2})
 
     assert (result.expired_count, result.runners, result.stop_reason) == (3000, 2, "drained")
     assert result.batches >= 3000 // 50 + 2  # 60 full batches plus one short batch per runner
@@ -451,7 +454,7 @@ def test_a_single_batch_backlog_starts_no_second_runner(slots_db: Database):
 
     run = new_run()
     result = se.run(
-        connect, {"batch_size": 10, "runners": 4}, run.telemetry, run.stop, now=lambda: NOW
+        connect, {**DRAIN, "batch_size": 10, "runners": 4}, run.telemetry, run.stop, now=lambda: NOW
     )
 
     assert (result.expired_count, result.runners, result.batches) == (7, 1, 1)
@@ -472,7 +475,7 @@ def test_a_second_runner_that_cannot_connect_leaves_the_cycle_to_the_first(
 
     run = new_run()
     result = se.run(
-        connect, {"batch_size": 10, "runners": 2}, run.telemetry, run.stop, now=lambda: NOW
+        connect, {**DRAIN, "batch_size": 10, "runners": 2}, run.telemetry, run.stop, now=lambda: NOW
     )
 
     assert (result.expired_count, result.runners, result.batches) == (25, 1, 3)
@@ -487,7 +490,9 @@ def test_cancellation_with_two_runners_commits_both_batches_in_hand_then_stops(
     run = new_run()
     # Runner 1 commits ids[0:10], starts runner 2; the next two batches each stop at a gate.
     with gate(slots_db, ids[19], ids[29]) as release:
-        job = Background(lambda: run_job(slots_db, {"batch_size": 10, "runners": 2}, run=run))
+        job = Background(
+            lambda: run_job(slots_db, {**DRAIN, "batch_size": 10, "runners": 2}, run=run)
+        )
         job.start()
         wait_for(lambda: backends_waiting(slots_db, "advisory") == 2, "both runners at the gate")
         run.stop.set("SIGTERM received")
@@ -500,7 +505,7 @@ def test_cancellation_with_two_runners_commits_both_batches_in_hand_then_stops(
     assert lock_all_nowait(slots_db) == 40
 
 
-def test_a_failing_runner_fails_the_run_after_its_sibling_committed_its_batch_whole(
+def test_a_failing_runner_fails_the_run_and_cancels_its_siblings_batch_in_hand(
     slots_db: Database, caplog: pytest.LogCaptureFixture
 ):
     ids = insert_due(slots_db, 40)
@@ -508,7 +513,9 @@ def test_a_failing_runner_fails_the_run_after_its_sibling_committed_its_batch_wh
     run = new_run()
     with gate(slots_db, ids[19], ids[29]) as release:
         job = Background(
-            lambda: run_job(slots_db, {"batch_size": 10, "runners": 2}, run=run, app="pair")
+            lambda: run_job(
+                slots_db, {**DRAIN, "batch_size": 10, "runners": 2}, run=run, app="pair"
+            )
         )
         job.start()
         wait_for(lambda: backends_waiting(slots_db, "advisory", "pair") == 2, "both at the gate")
@@ -519,19 +526,21 @@ def test_a_failing_runner_fails_the_run_after_its_sibling_committed_its_batch_wh
             lambda: any("event=runner_failed" in r.getMessage() for r in caplog.records),
             "the cycle to notice the failed runner",
         )
-        release()  # the sibling commits its batch in hand, then stops
-        with pytest.raises(psycopg.OperationalError):
+        # the sibling did not wait for the gate: its statement was cancelled (run_lanes' cancel
+        # hook), its batch rolled back whole
+        release()
+        with pytest.raises(psycopg.OperationalError, match="terminat"):
             job.result()
 
     state = table_state(slots_db)
     assert [state[i][:2] for i in ids[:10]] == [("Expired", 2)] * 10
-    middle = [state[i][:2] for i in ids[10:30]]  # one batch rolled back, the other committed
-    assert sorted(middle) == [("Available", 1)] * 10 + [("Expired", 2)] * 10
+    middle = [state[i][:2] for i in ids[10:30]]  # both batches in hand rolled back
+    assert middle == [("Available", 1)] * 20
     assert [state[i][:2] for i in ids[30:]] == [("Available", 1)] * 10  # nobody went on
     assert run.metrics.counters[se.M_ERRORS] == 1
     assert lock_all_nowait(slots_db) == 40
 
-    assert run_job(slots_db, {"batch_size": 10}).expired_count == 20
+    assert run_job(slots_db, {**DRAIN, "batch_size": 10}).expired_count == 30
     assert {s[:2] for s in table_state(slots_db).values()} == {("Expired", 2)}
 
 
@@ -542,7 +551,7 @@ def test_poison_row_is_isolated_by_whichever_runner_meets_it(slots_db: Database)
         conn.execute("insert into public.slot_poison (id) values (%s)", (poison,))
     run = new_run()
 
-    result = run_job(slots_db, {"batch_size": 10, "runners": 2}, run=run)
+    result = run_job(slots_db, {**DRAIN, "batch_size": 10, "runners": 2}, run=run)
 
     assert (result.expired_count, result.errors_count, result.runners) == (59, 1, 2)
     assert [p.slot_id for p in result.poison] == [str(poison)]
@@ -603,7 +612,11 @@ def test_a_slot_updated_after_the_snapshot_but_before_the_lock_still_expires(
         holder.execute("select pg_advisory_lock(%s)", (SCAN_GATE_KEY,))
         job = Background(
             lambda: se.run(
-                connect, {"batch_size": 10, "runners": 1}, run.telemetry, run.stop, now=lambda: NOW
+                connect,
+                {**DRAIN, "batch_size": 10, "runners": 1},
+                run.telemetry,
+                run.stop,
+                now=lambda: NOW,
             )
         )
         job.start()

@@ -21,6 +21,7 @@ import pytest
 from devtools.pg import Database
 from include.pin_maintenance.jobs import slot_expiration as se
 from tests.integration.slot_expiration_fixtures import (
+    DRAIN,
     NOW,
     connect_for,
     insert_due,
@@ -81,7 +82,7 @@ def test_isolation_costs_a_logarithmic_number_of_statements_per_poison_row(
     poison(slots_db, [ids[i] for i in positions])
     k = len(positions)
 
-    result = run_job(slots_db, {"batch_size": n, "runners": 1})
+    result = run_job(slots_db, {**DRAIN, "batch_size": n, "runners": 1})
 
     assert sorted(p.slot_id for p in result.poison) == sorted(str(ids[i]) for i in positions)
     assert result.expired_count == n - k
@@ -99,7 +100,7 @@ def test_isolation_costs_a_logarithmic_number_of_statements_per_poison_row(
 
 def test_a_batch_without_poison_is_one_statement(slots_db: Database) -> None:
     insert_due(slots_db, 500)
-    result = run_job(slots_db, {"batch_size": 500, "runners": 1})
+    result = run_job(slots_db, {**DRAIN, "batch_size": 500, "runners": 1})
     assert result.expired_count == 500
     assert update_statements(slots_db) == 2  # the full batch and the empty one after it
 
@@ -113,7 +114,7 @@ def test_more_poison_rows_than_the_alert_cap_are_all_logged_and_counted_but_20_a
     run = new_run()
 
     with caplog.at_level(logging.ERROR, logger=LOGGER):
-        result = run_job(slots_db, {"batch_size": 100, "runners": 1}, run=run)
+        result = run_job(slots_db, {**DRAIN, "batch_size": 100, "runners": 1}, run=run)
 
     assert len(bad) == 25 > se.MAX_POISON_ALERTS_PER_CYCLE == 20
     assert len(result.poison) == 25
@@ -152,7 +153,7 @@ def test_a_database_failure_during_isolation_writes_nothing_and_fails_the_run(
     run = new_run()
 
     with caplog.at_level(logging.WARNING, logger=LOGGER), pytest.raises(psycopg.Error) as err:
-        run_job(slots_db, {"batch_size": 50, "runners": 1}, run=run)
+        run_job(slots_db, {**DRAIN, "batch_size": 50, "runners": 1}, run=run)
 
     assert err.value.sqlstate == "57P01"
     assert statuses(slots_db) == {"Available": 50}  # the batch rolled back whole
@@ -179,7 +180,7 @@ def test_no_side_runner_starts_when_the_first_batch_used_up_the_time(slots_db: D
 
     result = se.run(
         counting_connect,
-        {"batch_size": 10, "runners": 4, "max_run_duration_seconds": 30},
+        {**DRAIN, "batch_size": 10, "runners": 4, "max_run_duration_seconds": 30},
         run.telemetry,
         run.stop,
         now=lambda: NOW,
@@ -196,7 +197,9 @@ def test_no_side_runner_starts_when_the_first_batch_used_up_the_time(slots_db: D
 def test_side_runners_start_when_time_is_left(slots_db: Database) -> None:
     """The counterpart: the same backlog with time left starts the side runners."""
     insert_due(slots_db, 30)
-    result = run_job(slots_db, {"batch_size": 10, "runners": 3, "max_run_duration_seconds": 30})
+    result = run_job(
+        slots_db, {**DRAIN, "batch_size": 10, "runners": 3, "max_run_duration_seconds": 30}
+    )
     assert result.runners == 3
     assert result.expired_count == 30
     assert timedelta(0) <= timedelta(milliseconds=result.duration_ms)

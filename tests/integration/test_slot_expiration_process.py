@@ -53,7 +53,9 @@ def test_sigkill_mid_batch_leaves_no_slot_half_updated_and_the_next_run_finishes
 ):
     ids = insert_due(slots_db, 30)
     with gate(slots_db, ids[19]) as release:  # last row of the second batch
-        proc = start_cli(slots_db, "--config", '{"batch_size": 10, "runners": 1}')
+        proc = start_cli(
+            slots_db, "--config", '{"batch_size": 10, "runners": 1, "max_batches_per_cycle": 1000}'
+        )
         wait_at_gate(slots_db, APP)
         (backend,) = backend_pids(slots_db, APP)
         proc.kill()
@@ -65,7 +67,7 @@ def test_sigkill_mid_batch_leaves_no_slot_half_updated_and_the_next_run_finishes
     assert [state[i][:2] for i in ids] == [("Expired", 2)] * 10 + [("Available", 1)] * 20
     assert lock_all_nowait(slots_db) == 30
 
-    done = start_cli(slots_db, "--config", '{"batch_size": 10}')
+    done = start_cli(slots_db, "--config", '{"batch_size": 10, "max_batches_per_cycle": 1000}')
     out, err = done.communicate(timeout=60)
 
     assert done.returncode == 0, err
@@ -107,7 +109,9 @@ def test_sigkill_with_two_runners_keeps_committed_batches_and_rolls_back_the_one
     with gate(slots_db, ids[19]) as release:
         # Runner 1 commits ids[0:10] and starts runner 2; one of them locks ids[10:20] and stops
         # at the gate, the other commits ids[20:30] and finds nothing more.
-        proc = start_cli(slots_db, "--config", '{"batch_size": 10, "runners": 2}')
+        proc = start_cli(
+            slots_db, "--config", '{"batch_size": 10, "runners": 2, "max_batches_per_cycle": 1000}'
+        )
         wait_at_gate(slots_db, APP)
         wait_for(lambda: statuses(slots_db).get("Expired") == 20, "the free runner to finish")
         (backend,) = [
@@ -124,7 +128,9 @@ def test_sigkill_with_two_runners_keeps_committed_batches_and_rolls_back_the_one
     )
     assert lock_all_nowait(slots_db) == 30
 
-    done = start_cli(slots_db, "--config", '{"batch_size": 10, "runners": 2}')
+    done = start_cli(
+        slots_db, "--config", '{"batch_size": 10, "runners": 2, "max_batches_per_cycle": 1000}'
+    )
     out, err = done.communicate(timeout=60)
 
     assert done.returncode == 0, err

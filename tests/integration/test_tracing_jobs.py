@@ -160,7 +160,7 @@ def test_slot_batches_name_their_tenants_under_one_run_span_across_runners(db, t
             )
         }
     run = slots.Run(_telemetry(se.JOB, tracer), None, None)  # type: ignore[arg-type]
-    result = slots.run_job(db, {"batch_size": 2, "runners": 2}, run=run)
+    result = slots.run_job(db, {**slots.DRAIN, "batch_size": 2, "runners": 2}, run=run)
     assert result.expired_count == 9
     spans = exporter.get_finished_spans()
     (root,) = _by_name(spans, f"{se.JOB} run")

@@ -160,7 +160,8 @@ def test_a_real_run_reports_in_its_task_log(
     log = ui.open_task_log(dag_id, triggered.run_id, task_id, expect="event=cycle_completed")
     [line] = [x for x in log.splitlines() if "event=cycle_completed" in x]
     expired = int(re.search(r"expired_count=(\d+)", line).group(1))
-    assert expired >= due, line
-    assert job_db.execute(due_sql).fetchone()[0] == 0
+    # the seed's bound: one batch (batch_size 500) per cycle by default; the rest waits
+    assert 0 < expired <= 500, line
+    assert job_db.execute(due_sql).fetchone()[0] <= due - expired
     assert "Skipping masking" not in log  # no short Variable value to warn about
     assert api.xcom(dag_id, triggered.run_id, task_id)["ExpiredCount"] == expired

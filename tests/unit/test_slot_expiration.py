@@ -21,9 +21,11 @@ from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMe
 
 def test_config_defaults_match_design_section_4():
     assert se.CONFIG.job == "calendar_slot_expiration"
-    # batch_size and max_run_duration_seconds are DESIGN section 4; runners is ours (README)
+    # batch_size and max_run_duration_seconds are DESIGN section 4; runners and
+    # max_batches_per_cycle are ours (README); 1 batch per cycle is seed 002's bound
     assert se.CONFIG.resolve(None, None) == {
         "batch_size": 500,
+        "max_batches_per_cycle": 1,
         "runners": 2,
         "max_run_duration_seconds": 30,
     }
@@ -39,6 +41,10 @@ def test_config_defaults_match_design_section_4():
         (None, {"max_run_duration_seconds": -3}, "allowed: number > 0"),
         (None, {"runners": 0}, "runners = 0 (from trigger params) is out of range"),
         ('{"runners": 9}', None, "allowed: integer 1..8"),
+        (None, {"max_batches_per_cycle": 0}, "max_batches_per_cycle = 0 (from trigger params)"),
+        ('{"max_batches_per_cycle": 100001}', None, "allowed: integer 1..100000"),
+        (None, {"max_batches_per_cycle": 2.5}, "max_batches_per_cycle = 2.5"),
+        (None, {"max_batches_per_cycle": True}, "max_batches_per_cycle = True"),
         ('{"lock_ttl_seconds": 60}', None, "unknown config key 'lock_ttl_seconds'"),
     ],
 )
@@ -54,17 +60,35 @@ def test_dry_run_param_is_not_a_config_key():
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ({}, {"batch_size": 500, "runners": 2, "max_run_duration_seconds": 30}),
-        ({"batch_size": 1}, {"batch_size": 1, "runners": 2, "max_run_duration_seconds": 30}),
-        ({"runners": 1}, {"batch_size": 500, "runners": 1, "max_run_duration_seconds": 30}),
-        (
-            {"max_run_duration_seconds": 0.5},
-            {"batch_size": 500, "runners": 2, "max_run_duration_seconds": 0.5},
-        ),
+        ({}, {}),
+        ({"batch_size": 1}, {"batch_size": 1}),
+        ({"runners": 1}, {"runners": 1}),
+        ({"max_run_duration_seconds": 0.5}, {"max_run_duration_seconds": 0.5}),
+        ({"max_batches_per_cycle": 100_000}, {"max_batches_per_cycle": 100_000}),
     ],
 )
 def test_validate_accepts_resolved_configs(config, expected):
-    assert se.validate(config) == expected
+    defaults = {
+        "batch_size": 500,
+        "max_batches_per_cycle": 1,
+        "runners": 2,
+        "max_run_duration_seconds": 30,
+    }
+    assert se.validate(config) == defaults | expected
+
+
+@pytest.mark.parametrize(
+    ("config", "connections"),
+    [
+        ({}, 1),  # the seed's bound: one batch, one connection, runners never start
+        ({"runners": 8}, 1),
+        ({"max_batches_per_cycle": 2}, 2),
+        ({"max_batches_per_cycle": 50, "runners": 4}, 4),
+        ({"max_batches_per_cycle": 50, "runners": 1}, 1),
+    ],
+)
+def test_server_connections_a_cycle_holds_at_once(config, connections):
+    assert se.server_connections(config) == connections
 
 
 @pytest.mark.parametrize(

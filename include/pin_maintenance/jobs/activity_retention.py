@@ -85,6 +85,7 @@ from include.pin_maintenance.db import (
     advisory_lock,
     configured,
     lock_held_too_long,
+    require_server_connections,
 )
 from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 from include.pin_maintenance.runloop import (
@@ -104,10 +105,14 @@ LOCK_TTL_MARGIN_SECONDS = 300
 
 # Statements of one batch touch up to batch_size sessions and all their children (RI triggers
 # included): allow more than the 30 s default, still far below the lock lease margin.
+# synchronous_commit off: see _open; per transaction like the timeouts (db.configured), so it
+# never reaches another client of a pooled server connection (the lock and read transactions
+# write nothing, so it changes nothing for them).
 SESSION_SETTINGS = SessionSettings(
     statement_timeout_ms=120_000,
     lock_timeout_ms=5_000,
     application_name="pin-activity-retention",
+    synchronous_commit="off",
 )
 
 
@@ -414,6 +419,7 @@ def _walk(
             except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
                 log.warning("runner_not_started", table=table, runner=number, error=str(exc))
                 break
+        require_server_connections(conns, job=JOB, held=0 if plan.dry_run else 1)  # pool size
         walk.run(conns)
     finally:
         for conn in conns:
@@ -458,16 +464,10 @@ def _open(connect: Connect) -> psycopg.Connection:
 
     A batch commit need not wait for the WAL flush: a commit lost in a server crash only leaves
     its rows in place, still eligible, and the next run deletes them (no events are published,
-    nothing downstream saw the delete). Saves a WAL flush per batch.
+    nothing downstream saw the delete). Saves a WAL flush per batch. The setting comes with
+    ``connect`` (SESSION_SETTINGS, applied in each transaction), never on the session.
     """
-    conn = connect()
-    try:
-        conn.execute("select set_config('synchronous_commit', 'off', false)")
-        conn.commit()
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+    return connect()
 
 
 class _Walk:
@@ -819,6 +819,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         statement_timeout_ms=SESSION_SETTINGS.statement_timeout_ms,
         lock_timeout_ms=args.lock_timeout_ms,
         application_name=SESSION_SETTINGS.application_name,
+        synchronous_commit=SESSION_SETTINGS.synchronous_commit,
     )
     connect = configured(lambda: psycopg.connect(args.db_url), settings)
     log = JobLog(JOB, args.run_id)

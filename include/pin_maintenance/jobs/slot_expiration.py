@@ -54,19 +54,19 @@ from opentelemetry import trace
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
-from include.pin_maintenance.db import Connect, SessionSettings, configured
+from include.pin_maintenance.db import (
+    Connect,
+    SessionSettings,
+    configured,
+    require_server_connections,
+)
 from include.pin_maintenance.jobs.slot_expiration_config import (  # noqa: F401 (re-exported)
     CONFIG,
     CONN_ID,
     JOB,
 )
-from include.pin_maintenance.runloop import (
-    JobCancelled,
-    LoopLimits,
-    StopReason,
-    StopSignal,
-    run_batches,
-)
+from include.pin_maintenance.parallel import Deadline, Lane, run_lanes
+from include.pin_maintenance.runloop import JobCancelled, StopReason, StopSignal
 from include.pin_maintenance.telemetry import (
     Alert,
     JobLog,
@@ -75,8 +75,15 @@ from include.pin_maintenance.telemetry import (
 )
 
 # One statement never runs longer than this; a slow batch is an infrastructure failure.
+# A batch commit need not wait for the WAL flush: a commit lost in a server crash only leaves its
+# slots Available, and the next cycle expires them (nothing downstream saw the transition; the
+# seed publishes no events). Saves a WAL flush per batch. Like the timeouts it is set in each
+# transaction (db.configured), so it never reaches another client of a pooled server connection.
 SESSION = SessionSettings(
-    statement_timeout_ms=30_000, lock_timeout_ms=5_000, application_name="pin-slot-expiration"
+    statement_timeout_ms=30_000,
+    lock_timeout_ms=5_000,
+    application_name="pin-slot-expiration",
+    synchronous_commit="off",
 )
 
 # Metric names are a contract (BRIEF / seed "Наблюдаемость"); do not rename.
@@ -292,24 +299,17 @@ def _cycle(
         with _session(connect) as conn:
             if dry_run:
                 return _dry_run(conn, cycle, telemetry, started=started, clock=clock, now=now)
-            limits = LoopLimits(float(values["max_run_duration_seconds"]))
             team = _Team(
                 connect,
                 cycle,
                 telemetry,
                 stop,
-                limits=limits,
-                clock=clock,
+                deadline=Deadline(float(values["max_run_duration_seconds"]), clock=clock),
                 runners=int(values["runners"]),
-                began=started,
+                max_batches=int(values["max_batches_per_cycle"]),
             )
             stop_reason = team.run(conn)
-            skipped = 0
-            if stop_reason is StopReason.DRAINED:
-                # Every runner ended on a short batch, so it took every due slot it could lock:
-                # whatever is still due (and not poison) was locked by someone else when the
-                # runners passed, a booking in flight or another instance (seed: SkippedLocked).
-                skipped = _count(conn, "slots/count_due_slots", cycle.params())
+            skipped = _count(conn, "slots/count_skipped_slots", team.skipped_params(stop_reason))
             backlog = _count(conn, "slots/count_backlog", {"now": now(), "count_cap": COUNT_CAP})
     except psycopg.Error as exc:  # infrastructure: the batch in hand was rolled back
         metrics.incr(M_ERRORS)
@@ -355,15 +355,49 @@ def _cycle(
     return result
 
 
+def server_connections(config: Mapping[str, Any]) -> int:
+    """Server connections a cycle holds at once with ``config`` (docs/deploying.md, "Behind a
+    pooler"): one per batch loop; the side loops exist only when a cycle may take more than one
+    batch. No lock connection (the seed has no global lock)."""
+    values = validate(config)
+    if int(values["max_batches_per_cycle"]) <= 1:
+        return 1
+    return int(values["runners"])
+
+
+# A lane still in a statement when the cycle is cancelled stops within the statement timeout
+# (the cancel hook interrupts it at once; this is the bound if the server does not answer).
+STOP_GRACE_SECONDS = SESSION.statement_timeout_ms / 1000 + 5
+
+
+class _Budget:
+    """The cycle's bound on batches (``max_batches_per_cycle``), shared by its loops."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.taken = limit, 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.taken >= self.limit:
+                return False
+            self.taken += 1
+            return True
+
+
 class _Team:
-    """The cycle's batch loops: the first on the caller's connection and thread, up to
-    ``runners - 1`` more in threads, started only when the first batch comes back full.
+    """The cycle's batch loops: the first on the caller's connection and thread; when its
+    first batch comes back full and ``max_batches_per_cycle`` allows more, up to
+    ``runners - 1`` more on their own connections, run with :func:`parallel.run_lanes`.
 
     The loops are parallel instances in the seed's sense: SKIP LOCKED alone keeps them apart,
     so each slot is taken by exactly one of them, and each keeps its own keyset. Their
     connections are opened on the caller's thread (an Airflow hook reads its Connection through
-    the task runner, which is not for side threads). When one loop fails the others finish the
-    batch in hand and stop; the failure is raised once all have stopped.
+    the task runner, which is not for side threads), and checked against the pool size before
+    the second batch (:func:`db.require_server_connections`). Any exception in any loop,
+    ``BaseException`` included, stops the others: their stop signal is set and the statement
+    each may be in is cancelled (its batch rolls back whole); committed batches stay; the cycle
+    fails with the first exception.
     """
 
     def __init__(
@@ -373,111 +407,130 @@ class _Team:
         telemetry: Telemetry,
         stop: StopSignal,
         *,
-        limits: LoopLimits,
-        clock: Callable[[], float],
+        deadline: Deadline,
         runners: int,
-        began: float,
+        max_batches: int,
     ) -> None:
-        self.connect, self.cycle, self.telemetry = connect, cycle, telemetry
-        self.limits, self.clock, self.runners = limits, clock, runners
-        self.halt = StopSignal(parent=stop)  # set by a failing loop; follows the run's stop
+        self.connect, self.cycle, self.telemetry, self.stop = connect, cycle, telemetry, stop
+        self.deadline, self.runners = deadline, runners
+        self.budget = _Budget(max_batches)
         self.started = 1  # loops started: the first runs on the caller's thread
-        self._threads: list[threading.Thread] = []
-        self._reasons: list[StopReason] = []
-        self._errors: list[BaseException] = []
-        self._began = began  # the cycle's start: side loops get what is left of its time
+        self.loops: list[_Runner] = [_Runner(1)]
 
     def run(self, conn: psycopg.Connection) -> StopReason:
-        first = _Runner(1)
-
-        def batch(index: int) -> bool:
-            full = _run_batch(conn, self.cycle, first, self.telemetry)
-            if full and index == 0:
-                self._start_side_loops()
-            return full
-
+        first = self.loops[0]
+        if self.stop.is_set():
+            return StopReason.CANCELLED
+        self.budget.take()
+        if not _run_batch(conn, self.cycle, first, self.telemetry):
+            return StopReason.DRAINED
+        side = self._open_side_connections(conn)
+        if not side:
+            return self._loop(conn, first, self.stop)
         try:
-            self._reasons.append(run_batches(batch, self.limits, self.halt, self.clock).stop_reason)
+            lanes = [self._lane(conn, first)] + [
+                self._lane(c, self._add_runner(i + 2), otel_context.get_current())
+                for i, c in enumerate(side)
+            ]
+            self.started = len(lanes)
+            reasons = run_lanes(
+                lanes, stop=self.stop, deadline=self.deadline, grace_seconds=STOP_GRACE_SECONDS
+            )
         except BaseException as exc:
-            self._failed(first, exc)
+            self.telemetry.log.warning("runner_failed", error=_describe(exc))
             raise
         finally:
-            for thread in self._threads:
-                thread.join()
-        if self._errors:
-            raise self._errors[0]
-        return _combined(self._reasons)
+            for c in side:
+                c.close()
+        return _combined(reasons)
 
-    def _start_side_loops(self) -> None:
-        if self.runners < 2 or self.halt.is_set():
-            return
-        remaining = self.limits.max_duration_seconds - (self.clock() - self._began)
-        if remaining <= 0:
-            return
-        limits = LoopLimits(remaining)
+    def skipped_params(self, reason: StopReason) -> dict[str, Any]:
+        """Parameters of count_skipped_slots.sql (SkippedLockedCount).
+
+        Drained: every loop ended on a short batch, so it took every due slot it could lock;
+        whatever is still due (and not poison) was locked by someone else when the loops passed
+        (a booking in flight, another instance). Stopped by a bound (batches, time) or a stop:
+        only the due slots before the furthest point a loop's index walk reached were passed
+        over; the rest is backlog the loops never reached, not skipped.
+        """
+        walked = [r.after for r in self.loops if r.after is not None]
+        bounded = reason is not StopReason.DRAINED
+        return self.cycle.params() | {
+            "bounded": bounded,
+            "before": max(walked) if walked else None,
+        }
+
+    def _add_runner(self, number: int) -> _Runner:
+        runner = _Runner(number)
+        self.loops.append(runner)
+        return runner
+
+    def _lane(
+        self,
+        conn: psycopg.Connection,
+        runner: _Runner,
+        parent: otel_context.Context | None = None,
+    ) -> Callable[[Lane], StopReason]:
+        def lane(lane: Lane) -> StopReason:
+            lane.on_cancel(conn.cancel_safe)  # interrupts a statement in flight
+            if parent is not None:
+                otel_context.attach(parent)  # a thread starts with an empty context
+            return self._loop(conn, runner, lane.stop)
+
+        return lane
+
+    def _loop(self, conn: psycopg.Connection, runner: _Runner, stop: StopSignal) -> StopReason:
+        while True:
+            if stop.is_set():
+                return StopReason.CANCELLED
+            if self.deadline.expired():
+                return StopReason.MAX_DURATION
+            if not self.budget.take():
+                return StopReason.MAX_BATCHES
+            if not _run_batch(conn, self.cycle, runner, self.telemetry):
+                return StopReason.DRAINED
+
+    def _open_side_connections(self, conn: psycopg.Connection) -> list[psycopg.Connection]:
+        """Side loops' connections, when runners, the batch bound and the time allow them."""
+        if self.runners < 2 or self.budget.limit <= 1:
+            return []
+        if self.stop.is_set() or self.deadline.expired():
+            return []
+        side: list[psycopg.Connection] = []
         for number in range(2, self.runners + 1):
             try:
-                conn = _open(self.connect)
+                side.append(_open(self.connect))
             except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
                 self.telemetry.log.warning(
                     "runner_not_started", runner=number, error=_describe(exc)
                 )
-                return
-            thread = threading.Thread(
-                target=self._side_loop,
-                # a thread starts with an empty context: its batch spans join the run's span
-                args=(conn, _Runner(number), limits, otel_context.get_current()),
-                name=f"slot-expiration-{number}",
-                daemon=True,
-            )
-            self._threads.append(thread)
-            self.started += 1
-            thread.start()
-
-    def _side_loop(
-        self,
-        conn: psycopg.Connection,
-        runner: _Runner,
-        limits: LoopLimits,
-        parent: otel_context.Context | None = None,
-    ) -> None:
-        if parent is not None:
-            otel_context.attach(parent)  # this thread's own context, gone with the thread
-        try:
-            with conn:
-
-                def batch(index: int) -> bool:
-                    return _run_batch(conn, self.cycle, runner, self.telemetry)
-
-                self._reasons.append(run_batches(batch, limits, self.halt, self.clock).stop_reason)
-        except BaseException as exc:  # raised on the caller's thread once every loop stopped
-            self._errors.append(exc)
-            self._failed(runner, exc)
-
-    def _failed(self, runner: _Runner, exc: BaseException) -> None:
-        """Stop the other loops after their batch in hand; the cycle fails once all stopped."""
-        self.halt.set(f"runner {runner.number} failed")
-        if self.started > 1:
-            self.telemetry.log.warning("runner_failed", runner=runner.number, error=_describe(exc))
+                break
+        if side:
+            try:
+                require_server_connections(
+                    [conn, *side], job=JOB, what=f"{len(side) + 1} batch loops (runners)"
+                )
+            except BaseException:
+                for c in side:
+                    c.close()
+                raise
+        return side
 
 
 def _combined(reasons: Sequence[StopReason]) -> StopReason:
     """The cycle's stop reason: cancelled if any loop was, else a bound if any hit one."""
-    for reason in (StopReason.CANCELLED, StopReason.MAX_DURATION):
+    for reason in (StopReason.CANCELLED, StopReason.MAX_DURATION, StopReason.MAX_BATCHES):
         if reason in reasons:
             return reason
     return StopReason.DRAINED
 
 
 def _open(connect: Connect) -> psycopg.Connection:
-    """A connection set up for batches: autocommit outside them, asynchronous commit."""
+    """A connection set up for batches: every batch is an explicit transaction (autocommit
+    outside them); its settings, asynchronous commit included, come from ``connect``."""
     conn = connect()
     try:
-        conn.autocommit = True  # every batch is an explicit transaction; reads take none
-        # A batch commit need not wait for the WAL flush: a commit lost in a server crash only
-        # leaves its slots Available, and the next cycle expires them (nothing downstream saw
-        # the transition; the seed publishes no events). Saves a WAL flush per batch.
-        conn.execute("select set_config('synchronous_commit', 'off', false)")
+        conn.autocommit = True
     except BaseException:
         conn.close()
         raise

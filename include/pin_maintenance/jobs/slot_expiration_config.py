@@ -28,8 +28,19 @@ CONFIG = ConfigSpec(
             maximum=8,
             help=(
                 "Batch loops side by side, one connection each, kept apart by SKIP LOCKED like "
-                "parallel instances; the extra ones start only when the first batch comes back "
-                "full."
+                "parallel instances; the extra ones start only when max_batches_per_cycle is "
+                "above 1 and the first batch comes back full."
+            ),
+        ),
+        Setting(
+            "max_batches_per_cycle",
+            1,
+            minimum=1,
+            maximum=100_000,
+            help=(
+                "Batches one cycle may take (seed 002: batch_size is the bound of rows per "
+                "cycle, so 1 by default). Raise it to drain a backlog: up to this many batches "
+                "of batch_size rows per cycle, and the side runners start only when it is above 1."
             ),
         ),
         Setting(

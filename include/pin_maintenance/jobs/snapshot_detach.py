@@ -88,7 +88,12 @@ from opentelemetry.trace import Span, SpanKind
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.backoff import Backoff
-from include.pin_maintenance.db import Connect, advisory_lock, lock_held_too_long
+from include.pin_maintenance.db import (
+    Connect,
+    advisory_lock,
+    lock_held_too_long,
+    require_server_connections,
+)
 from include.pin_maintenance.jobs.snapshot_detach_client import (
     DETACH_PATH,
     CallOutcome,
@@ -453,6 +458,7 @@ class _Run:
         """
         conn = self.connect()
         conn.autocommit = True  # every unit of work is an explicit, short transaction
+        require_server_connections([conn], job=JOB, held=1)  # + the lock: pool size 2
         # real time: a Retry-After pause is a real wait, whatever clock the run bound reads
         self.gate = CallGate(
             int(self.cfg["detach_concurrency_min"]),
