@@ -58,6 +58,7 @@ and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectVie
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -75,22 +76,49 @@ from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 
 CONN_ID = "user_activity_db"
 
-# A delete task runs at most max_run_duration_seconds (1800 by default) plus one batch; the
-# timeout is the backstop for a task that hangs outside any statement_timeout. Raise it with the
-# Variable only together with this value.
-DELETE_TIMEOUT = timedelta(hours=2)
+# A delete task runs at most its share of max_run_duration_seconds (1800 by default) plus one
+# batch; the timeout is the backstop for a task that hangs outside any statement_timeout.
+# Raise it with the Variable only together with this value. The environment variable
+# PIN_RETENTION_DELETE_TIMEOUT_SECONDS replaces it (read when the file is parsed: Airflow needs
+# execution_timeout at parse time, where a Variable would mean metadata access); the tests use
+# it to make the timeout fire in the middle of a step. A bad value is an import error.
+DELETE_TIMEOUT_ENV = "PIN_RETENTION_DELETE_TIMEOUT_SECONDS"
+
+
+def _delete_timeout() -> timedelta:
+    raw = os.environ.get(DELETE_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return timedelta(hours=2)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):  # NaN compares False too
+        raise ValueError(f"{DELETE_TIMEOUT_ENV}={raw!r}: expected a number of seconds > 0")
+    return timedelta(seconds=seconds)
+
+
+DELETE_TIMEOUT = _delete_timeout()
 PREPARE_TIMEOUT = timedelta(minutes=10)
 
 
-def _delete(table: str, plan: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+def _delete(
+    table: str,
+    plan: dict[str, Any],
+    after: dict[str, Any] | None,
+    context: dict[str, Any],
+) -> dict[str, Any]:
     from include.pin_airflow.runtime import postgres_connect, telemetry_for
     from include.pin_maintenance.jobs import activity_retention as job
     from include.pin_maintenance.runloop import StopSignal
 
     telemetry = telemetry_for(JOB, context)
     connect = postgres_connect(CONN_ID, job.SESSION_SETTINGS)
+    previous = job.StepResult.from_xcom(after) if after else None
     with StopSignal().on_sigterm() as stop:
-        step = job.delete_step(connect, job.RunPlan.from_xcom(plan), table, telemetry, stop)
+        step = job.delete_step(
+            connect, job.RunPlan.from_xcom(plan), table, telemetry, stop, after=previous
+        )
     return step.to_xcom()
 
 
@@ -132,17 +160,21 @@ def user_activity_retention() -> None:
     @task(execution_timeout=DELETE_TIMEOUT, multiple_outputs=False)
     def delete_action_events(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
         """Delete the action_events of the eligible sessions (first: RESTRICT FKs)."""
-        return _delete("action_events", plan, context)
+        return _delete("action_events", plan, None, context)
 
     @task(execution_timeout=DELETE_TIMEOUT, multiple_outputs=False)
-    def delete_property_object_views(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
-        """Delete the property_object_views of the eligible sessions (stats untouched)."""
-        return _delete("property_object_views", plan, context)
+    def delete_property_object_views(
+        plan: dict[str, Any], action_events: dict[str, Any], **context: Any
+    ) -> dict[str, Any]:
+        """Delete the property_object_views of the sessions delete_action_events covered."""
+        return _delete("property_object_views", plan, action_events, context)
 
     @task(execution_timeout=DELETE_TIMEOUT, multiple_outputs=False)
-    def delete_sessions(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
-        """Delete eligible sessions that have no children left (never hits RESTRICT)."""
-        return _delete("sessions", plan, context)
+    def delete_sessions(
+        plan: dict[str, Any], property_object_views: dict[str, Any], **context: Any
+    ) -> dict[str, Any]:
+        """Delete covered eligible sessions that have no children left (never hits RESTRICT)."""
+        return _delete("sessions", plan, property_object_views, context)
 
     @task(execution_timeout=timedelta(minutes=5), multiple_outputs=False)
     def report(
@@ -164,9 +196,9 @@ def user_activity_retention() -> None:
 
     planned = prepare()
     events = delete_action_events(planned)
-    views = delete_property_object_views(planned)
-    sessions = delete_sessions(planned)
-    events >> views >> sessions
+    # each later step covers only the sessions the step before it covered (its XCom)
+    views = delete_property_object_views(planned, events)
+    sessions = delete_sessions(planned, views)
     report(planned, events, views, sessions)
 
 

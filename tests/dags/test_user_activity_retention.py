@@ -162,5 +162,7 @@ def test_busy_lock_makes_every_delete_task_a_successful_noop(run_dag, seeded):
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert _counts(db) == before
-    assert output.count("event=lock_skip") == 3
+    # the first delete task finds the lock busy; the later ones cover only what it covered
+    assert output.count("event=lock_skip") == 1
+    assert output.count("event=step_skipped") == 2
     assert "HasMore=True" in output
