@@ -353,6 +353,43 @@ def test_run_duration_bound_stops_between_batches_with_has_more(db, seeded):
     assert all(s.stop_reason == "max_duration" for s in result.steps)
 
 
+def test_a_backlog_night_deletes_whole_sessions_within_its_budget(db):
+    """A backlog larger than one night's time budget: the first step stops at its share of
+    the run, and the later steps finish exactly the sessions it cleared (before the budget
+    split, the first step spent the whole budget and the night deleted about one batch of
+    sessions). The run ends within its budget plus the batches in hand."""
+    with db.connect() as conn:
+        seed_sessions(conn, 40_000, 0, 1, tag="night")
+        conn.commit()
+    budget = 4.0
+
+    started = time.monotonic()
+    result = job.run(
+        connect_to(db),
+        config(batch_size=100, max_batches_per_run=50_000, max_run_duration_seconds=budget),
+        telemetry(),
+        StopSignal(),
+    )
+    took = time.monotonic() - started
+
+    events, views, sessions = result.steps
+    assert events.stop_reason == "max_duration"  # the backlog is larger than the night
+    assert result.has_more is True
+    assert result.deleted_sessions > 3 * 100  # far more than one batch of sessions
+    # whole sessions: every session whose children were deleted is deleted too
+    assert result.deleted_sessions == result.deleted_action_events
+    assert result.deleted_sessions == result.deleted_property_object_views
+    assert sessions.batches == views.batches == events.batches == result.batches_processed
+    with db.connect() as conn:
+        half_done = conn.execute(
+            "select count(*) from user_activity.sessions s where not exists"
+            " (select 1 from user_activity.action_events e where e.session_id = s.id)"
+        ).fetchone()[0]
+    assert half_done == 0
+    assert counts(db)["sessions"] == 40_000 - result.deleted_sessions
+    assert took < budget + 3.0  # the budget, plus prepare and one batch in hand per step
+
+
 def test_sessions_step_keeps_sessions_whose_children_an_earlier_bounded_step_left(db, seeded):
     conn_factory = connect_to(db)
     tel = telemetry()
