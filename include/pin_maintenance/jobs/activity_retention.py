@@ -41,8 +41,8 @@ batch runs: memory stays flat whatever the backlog.
 Time budget: ``max_run_duration_seconds`` bounds the whole run. ``prepare`` fixes the deadline
 on the server clock; the budget is split between the steps (:data:`STEP_DEADLINE_SHARE`:
 ``action_events`` claims for the first quarter of the window, ``property_object_views``
-until 60 %, ``sessions`` until the run deadline), and each later step covers no session past the last
-one the step before it covered (``after``). So a backlog night deletes whole sessions: what
+until 60 %, ``sessions`` until the run deadline), and each later step covers no session past
+the last one the step before it covered (``after``). So a backlog night deletes whole sessions: what
 the first step cleared, the later ones finish. Each step still runs its first batch, so a run
 whose earlier tasks (or Airflow's scheduling) used up the budget still makes progress.
 ``max_batches_per_run`` bounds the batches each step claims, all its loops together, so all
