@@ -76,6 +76,7 @@ import argparse
 import contextlib
 import json
 import logging
+import select
 import sys
 import threading
 import time
@@ -177,6 +178,9 @@ CANCEL_TIMEOUT_SECONDS = 5.0
 # cancel, loops stop within one cancel round trip. A loop still running after this is reported
 # (LanesDidNotStop) instead of waited for.
 STOP_GRACE_SECONDS = 2 * SESSION_SETTINGS.statement_timeout_ms / 1000 + 2 * CANCEL_TIMEOUT_SECONDS
+# How long a step waits, after taking its lock, for a pooler to give a batch loop a server
+# connection before it fails with PoolTooSmall (direct to Postgres: one round trip).
+POOL_PROBE_TIMEOUT_SECONDS = 10.0
 # A failed batch's log and alert carry its first/last id, its count and up to this many ids.
 FAILED_BATCH_SAMPLE_IDS = 20
 
@@ -460,13 +464,77 @@ def _delete_step(
     if until == _KEY_START:  # the step before covered nothing (its lock was busy)
         telemetry.log.info("step_skipped", table=table, reason="the step before covered nothing")
         return StepResult(table=table, stop_reason=StopReason.MAX_BATCHES.value)
-    if plan.dry_run or lock_name is None:
-        return _walk(connect, plan, table, telemetry, stop, until=until, bounded_by=bounded_by)
-    with advisory_lock(connect, lock_name, lock_lease_seconds(plan)) as held:
-        if not held:
-            _lock_busy(connect, lock_name, plan, telemetry, table)
-            return StepResult(table=table, lock_skipped=True)
-        return _walk(connect, plan, table, telemetry, stop, until=until, bounded_by=bounded_by)
+    # The loops' connections are opened before the lock is taken: opening one may need a
+    # server connection of a pooler for a moment, and the lock's transaction pins one for the
+    # whole step (with a pool of one, the opening would wait for the pooler's timeout).
+    conns = _open_loops(connect, plan, telemetry, table)
+    try:
+        if plan.dry_run or lock_name is None:
+            return _walk(conns, plan, table, telemetry, stop, until=until, bounded_by=bounded_by)
+        with advisory_lock(connect, lock_name, lock_lease_seconds(plan)) as held:
+            if not held:
+                _lock_busy(connect, lock_name, plan, telemetry, table)
+                return StepResult(table=table, lock_skipped=True)
+            return _walk(conns, plan, table, telemetry, stop, until=until, bounded_by=bounded_by)
+    finally:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def _open_loops(
+    connect: Connect, plan: RunPlan, telemetry: Telemetry, table: str
+) -> list[psycopg.Connection]:
+    """One connection per batch loop, opened on the caller's thread (an Airflow hook reads its
+    Connection through the task runner, which is not for side threads)."""
+    conns = [connect()]
+    for number in range(2, _runner_count(plan) + 1):
+        try:
+            conns.append(connect())
+        except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
+            telemetry.log.warning("runner_not_started", table=table, runner=number, error=str(exc))
+            break
+    return conns
+
+
+class PoolTooSmall(RuntimeError):
+    """No server connection for a batch loop while the step holds its lock's: a pooler's pool
+    smaller than the step needs. Raised before any batch, so nothing is half done."""
+
+
+def server_connection_within(conn: psycopg.Connection, seconds: float) -> bool:
+    """Whether ``conn`` gets a server connection and answers ``select 1`` within ``seconds``.
+
+    Direct to Postgres this is one round trip. Behind PgBouncer in transaction mode the
+    statement waits in the pooler's queue while every server connection of the pool is taken;
+    psycopg has no client-side timeout for that wait (only the pooler's query_wait_timeout, 120
+    s by default), so this sends the query through libpq and waits on the socket itself. On a
+    timeout the connection is closed (the pooler drops the waiting client); the caller must not
+    use it again. Outside any transaction: it pins nothing after it returns.
+    """
+    pgconn = conn.pgconn
+    pgconn.send_query(b"select 1")
+    until = time.monotonic() + max(0.0, seconds)
+    while True:
+        pgconn.consume_input()
+        if not pgconn.is_busy():
+            break
+        left = until - time.monotonic()
+        if left <= 0:
+            conn.close()
+            return False
+        select.select([pgconn.socket], [], [], left)
+    while (res := pgconn.get_result()) is not None:
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            message = (res.error_message or b"").decode(errors="replace").strip()
+            raise psycopg.OperationalError(f"pool probe failed: {message}")
+    return True
+
+
+def server_connections_needed(plan: RunPlan) -> int:
+    """Server connections one delete step holds at most at once: the lock's transaction for
+    the whole step, plus one per batch loop while that loop is inside a batch."""
+    return 1 + _runner_count(plan)
 
 
 def _lock_busy(
@@ -484,7 +552,7 @@ def _lock_busy(
 
 
 def _walk(
-    connect: Connect,
+    conns: list[psycopg.Connection],
     plan: RunPlan,
     table: str,
     telemetry: Telemetry,
@@ -494,7 +562,19 @@ def _walk(
     bounded_by: str,
 ) -> StepResult:
     log = telemetry.log
-    conns = [connect()]
+    # Fail fast, before any batch, when a pooler cannot give a loop a server connection while
+    # the lock holds one: the loops would otherwise wait for the pooler's query_wait_timeout.
+    # With at least two, the step completes: loops hold a server connection only inside a
+    # batch and never wait for each other, so they take turns.
+    if not server_connection_within(conns[0], POOL_PROBE_TIMEOUT_SECONDS):
+        conns.pop(0)
+        raise PoolTooSmall(
+            f"{table}: no server connection for a batch loop within "
+            f"{POOL_PROBE_TIMEOUT_SECONDS:.0f} s while the step's lock holds one; behind a "
+            f"pooler the step needs a pool of at least 2 server connections for this job "
+            f"(the lock's and one loop's), and uses up to {server_connections_needed(plan)} at "
+            f"once (1 + runners {_runner_count(plan)}); nothing was deleted"
+        )
     try:
         remaining = (
             conns[0]
@@ -516,14 +596,6 @@ def _walk(
             until=until,
             bounded_by=bounded_by,
         )
-        # Side loops' connections are opened here, on the caller's thread (an Airflow hook
-        # reads its Connection through the task runner, which is not for side threads).
-        for number in range(2, _runner_count(plan) + 1):
-            try:
-                conns.append(connect())
-            except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
-                log.warning("runner_not_started", table=table, runner=number, error=str(exc))
-                break
         walk.run(conns)
     finally:
         for conn in conns:
@@ -892,7 +964,8 @@ def run(
     *,
     dry_run: bool = False,
 ) -> RetentionResult:
-    """One whole run in one process: prepare, the three delete steps under one lock, report."""
+    """One whole run in one process: prepare, the three delete steps (each under the job's
+    lock, as in the DAG), report."""
     with telemetry.run_span(f"{JOB} run"):
         return _run(connect, config, telemetry, stop, dry_run=dry_run)
 
@@ -906,27 +979,25 @@ def _run(
     dry_run: bool,
 ) -> RetentionResult:
     plan = prepare(connect, config, telemetry, dry_run=dry_run)
-    if dry_run:
-        return report(plan, _chain(connect, plan, telemetry, stop), telemetry)
-    ttl = plan.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
-    with advisory_lock(connect, LOCK_NAME, ttl) as held:
-        if not held:
-            _lock_busy(connect, LOCK_NAME, plan, telemetry, "all")
-            steps = [StepResult(table=t, lock_skipped=True) for t in TABLES]
-        else:
-            steps = _chain(connect, plan, telemetry, stop)
-    return report(plan, steps, telemetry)
+    # Each step takes the lock for itself, as the DAG's tasks do (one lock connection per
+    # step, never one held across steps while another step opens connections).
+    lock_name = None if dry_run else LOCK_NAME
+    return report(plan, _chain(connect, plan, telemetry, stop, lock_name), telemetry)
 
 
 def _chain(
-    connect: Connect, plan: RunPlan, telemetry: Telemetry, stop: StopSignal
+    connect: Connect,
+    plan: RunPlan,
+    telemetry: Telemetry,
+    stop: StopSignal,
+    lock_name: str | None,
 ) -> list[StepResult]:
     """The three delete steps in FK order, each covering what the one before it covered."""
     steps: list[StepResult] = []
     for table in TABLES:
         after = steps[-1] if steps else None
         steps.append(
-            delete_step(connect, plan, table, telemetry, stop, lock_name=None, after=after)
+            delete_step(connect, plan, table, telemetry, stop, lock_name=lock_name, after=after)
         )
     return steps
 
