@@ -25,15 +25,21 @@ it never hits the RESTRICT foreign keys. A Postgres advisory lock
 `activity_retention_lock_contention_total` once for such a run and records no run duration.
 
 **Params** (empty = the Variable `user_activity_retention` (JSON) or the default):
-`retention_period_days` (>= 1), `batch_size` (1..50000), `runners` (3, 1..8 batch loops per
-delete task, one connection each: they delete consecutive batches side by side and commit them
-in order, so what is committed is what one loop would commit; 1 = one loop),
-`max_batches_per_run` (>= 1, per delete task), `max_run_duration_seconds` (> 0, the whole
-run), `dry_run` (count per table what would be deleted; delete nothing). An invalid value
+`retention_period_days` (>= 1), `batch_size` (1..50000), `runners` (3, 1..8 independent
+batch loops per delete task, one connection each; each claims, deletes and commits its own
+batches; 1 = one loop; a task holds up to 1 + runners server connections),
+`max_batches_per_run` (>= 1, session batches per run: each delete task claims at most this
+many, all its loops together), `max_run_duration_seconds` (> 0, the whole run, split between
+the delete tasks: `delete_action_events` claims for the first 25 %, then
+`delete_property_object_views` until 60 %, `delete_sessions` until 100 %; each later task covers
+only the sessions the one before it covered), `dry_run` (count per table what would be
+deleted; delete nothing). An invalid value
 fails `prepare` before any delete, naming the key, its value and the allowed range.
 
 **Result** (XCom of `report`): `DeletedSessions`, `DeletedPropertyObjectViews`,
-`DeletedActionEvents`, `BatchesProcessed`, `HasMore`, `DryRun`; a dry run reports 0 deleted
+`DeletedActionEvents`, `BatchesProcessed` (session batches: `batch_size` sessions with their
+children), beside it `ActionEventBatches`, `PropertyObjectViewBatches`, `SessionBatches` (each
+task's committed batches), `HasMore`, `DryRun`; a dry run reports 0 deleted
 and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectViews`,
 `WouldDeleteActionEvents`.
 
@@ -48,7 +54,8 @@ and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectVie
   every night): raise `batch_size` / `max_batches_per_run` in the Variable; check table sizes
   and autovacuum on `user_activity`.
 - *A batch fails* (alert `retention_batch_failed`, log `event=batch_failed` with the batch's
-  first/last session id and count): earlier batches are committed; find the row that blocks the
+  first/last session id, count and up to 20 ids): batches committed before are final, the
+  batches other loops had in hand roll back; find the row that blocks the
   delete (unexpected FK, trigger, lock timeout) from the error, fix it, rerun the DAG.
 - *Lock never free* (`lock_skip` every night): find the holder in `pg_locks` (advisory lock,
   key = `lock_key("job:scheduled:activity-retention")`) and its backend in `pg_stat_activity`;

@@ -1042,6 +1042,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BatchFailed as exc:
         print(f"BatchFailed: {exc}", file=sys.stderr)
         return 1
+    except PoolTooSmall as exc:
+        print(f"PoolTooSmall: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(result.as_dict()))
     return 0
 
