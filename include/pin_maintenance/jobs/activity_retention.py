@@ -52,8 +52,10 @@ Clean stop: any exception in any batch loop, ``BaseException`` included (the Tas
 ``AirflowTaskTimeout`` from ``execution_timeout``), cancels every loop's statement in flight
 (``conn.cancel_safe``), rolls back every batch not committed and closes every connection; the
 step then raises the original exception. Measured: the step returns within 0.05 s of the
-exception; the bound is one cancel round trip per loop (``CANCEL_TIMEOUT_SECONDS``), and the
-join never waits longer than ``STOP_GRACE_SECONDS`` for a loop that does not stop.
+exception; the bound is one cancel round trip per loop (each at most
+``CANCEL_TIMEOUT_SECONDS``, sent one after the other: 15 s at the default 3 loops when no
+cancel gets through), and the join never waits longer than ``STOP_GRACE_SECONDS`` for a loop
+that does not stop.
 
 Why SKIP LOCKED and the advisory lock both: the lock ``job:scheduled:activity-retention`` keeps
 a second deployment, a manual ``airflow tasks test`` or an old worker out; the row locks make
@@ -74,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import select
@@ -171,7 +174,8 @@ _KEY_END = (datetime(9999, 12, 31, tzinfo=UTC), uuid.UUID(int=(1 << 128) - 1))
 STEP_DEADLINE_SHARE = {"action_events": 0.25, "property_object_views": 0.6, "sessions": 1.0}
 
 # After any exception in a batch loop: a cancel request per loop (psycopg's cancel_safe waits
-# at most this long for it), then each loop rolls back and closes its connection.
+# at most this long for each; they are sent one after the other), then each loop rolls back
+# and closes its connection.
 CANCEL_TIMEOUT_SECONDS = 5.0
 # The bounded join of the loops (run_lanes' grace): past the step's deadline the batches in
 # hand may still run their two statements (claim + delete, each <= statement_timeout); after a
@@ -724,7 +728,9 @@ class _Walk:
         if lane.index:
             otel_context.attach(parent)  # this thread's own context, gone with the thread
         lane.on_cancel(self.abort)  # first: a batch that has not committed now rolls back
-        lane.on_cancel(conn.cancel_safe)  # interrupts this loop's statement in flight
+        # interrupts this loop's statement in flight (a cancel that cannot get through gives
+        # up after CANCEL_TIMEOUT_SECONDS instead of psycopg's default 30 s)
+        lane.on_cancel(functools.partial(conn.cancel_safe, timeout=CANCEL_TIMEOUT_SECONDS))
         try:
             while (batch := self._claim(lane, conn)) is not None:
                 attributes = {"pin.batch.index": batch.index, "pin.table": self.table}
