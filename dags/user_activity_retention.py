@@ -25,15 +25,21 @@ it never hits the RESTRICT foreign keys. A Postgres advisory lock
 `activity_retention_lock_contention_total` once for such a run and records no run duration.
 
 **Params** (empty = the Variable `user_activity_retention` (JSON) or the default):
-`retention_period_days` (>= 1), `batch_size` (1..50000), `runners` (3, 1..8 batch loops per
-delete task, one connection each: they delete consecutive batches side by side and commit them
-in order, so what is committed is what one loop would commit; 1 = one loop),
-`max_batches_per_run` (>= 1, per delete task), `max_run_duration_seconds` (> 0, the whole
-run), `dry_run` (count per table what would be deleted; delete nothing). An invalid value
+`retention_period_days` (>= 1), `batch_size` (1..50000), `runners` (3, 1..8 independent
+batch loops per delete task, one connection each; each claims, deletes and commits its own
+batches; 1 = one loop; a task holds up to 1 + runners server connections),
+`max_batches_per_run` (>= 1, session batches per run: each delete task claims at most this
+many, all its loops together), `max_run_duration_seconds` (> 0, the whole run, split between
+the delete tasks: `delete_action_events` claims for the first 25 %, then
+`delete_property_object_views` until 60 %, `delete_sessions` until 100 %; each later task covers
+only the sessions the one before it covered), `dry_run` (count per table what would be
+deleted; delete nothing). An invalid value
 fails `prepare` before any delete, naming the key, its value and the allowed range.
 
 **Result** (XCom of `report`): `DeletedSessions`, `DeletedPropertyObjectViews`,
-`DeletedActionEvents`, `BatchesProcessed`, `HasMore`, `DryRun`; a dry run reports 0 deleted
+`DeletedActionEvents`, `BatchesProcessed` (session batches: `batch_size` sessions with their
+children), beside it `ActionEventBatches`, `PropertyObjectViewBatches`, `SessionBatches` (each
+task's committed batches), `HasMore`, `DryRun`; a dry run reports 0 deleted
 and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectViews`,
 `WouldDeleteActionEvents`.
 
@@ -48,7 +54,8 @@ and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectVie
   every night): raise `batch_size` / `max_batches_per_run` in the Variable; check table sizes
   and autovacuum on `user_activity`.
 - *A batch fails* (alert `retention_batch_failed`, log `event=batch_failed` with the batch's
-  first/last session id and count): earlier batches are committed; find the row that blocks the
+  first/last session id, count and up to 20 ids): batches committed before are final, the
+  batches other loops had in hand roll back; find the row that blocks the
   delete (unexpected FK, trigger, lock timeout) from the error, fix it, rerun the DAG.
 - *Lock never free* (`lock_skip` every night): find the holder in `pg_locks` (advisory lock,
   key = `lock_key("job:scheduled:activity-retention")`) and its backend in `pg_stat_activity`;
@@ -58,6 +65,7 @@ and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectVie
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -75,22 +83,49 @@ from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 
 CONN_ID = "user_activity_db"
 
-# A delete task runs at most max_run_duration_seconds (1800 by default) plus one batch; the
-# timeout is the backstop for a task that hangs outside any statement_timeout. Raise it with the
-# Variable only together with this value.
-DELETE_TIMEOUT = timedelta(hours=2)
+# A delete task runs at most its share of max_run_duration_seconds (1800 by default) plus one
+# batch; the timeout is the backstop for a task that hangs outside any statement_timeout.
+# Raise it with the Variable only together with this value. The environment variable
+# PIN_RETENTION_DELETE_TIMEOUT_SECONDS replaces it (read when the file is parsed: Airflow needs
+# execution_timeout at parse time, where a Variable would mean metadata access); the tests use
+# it to make the timeout fire in the middle of a step. A bad value is an import error.
+DELETE_TIMEOUT_ENV = "PIN_RETENTION_DELETE_TIMEOUT_SECONDS"
+
+
+def _delete_timeout() -> timedelta:
+    raw = os.environ.get(DELETE_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return timedelta(hours=2)
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):  # NaN compares False too
+        raise ValueError(f"{DELETE_TIMEOUT_ENV}={raw!r}: expected a number of seconds > 0")
+    return timedelta(seconds=seconds)
+
+
+DELETE_TIMEOUT = _delete_timeout()
 PREPARE_TIMEOUT = timedelta(minutes=10)
 
 
-def _delete(table: str, plan: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+def _delete(
+    table: str,
+    plan: dict[str, Any],
+    after: dict[str, Any] | None,
+    context: dict[str, Any],
+) -> dict[str, Any]:
     from include.pin_airflow.runtime import postgres_connect, telemetry_for
     from include.pin_maintenance.jobs import activity_retention as job
     from include.pin_maintenance.runloop import StopSignal
 
     telemetry = telemetry_for(JOB, context)
     connect = postgres_connect(CONN_ID, job.SESSION_SETTINGS)
+    previous = job.StepResult.from_xcom(after) if after else None
     with StopSignal().on_sigterm() as stop:
-        step = job.delete_step(connect, job.RunPlan.from_xcom(plan), table, telemetry, stop)
+        step = job.delete_step(
+            connect, job.RunPlan.from_xcom(plan), table, telemetry, stop, after=previous
+        )
     return step.to_xcom()
 
 
@@ -132,17 +167,21 @@ def user_activity_retention() -> None:
     @task(execution_timeout=DELETE_TIMEOUT, multiple_outputs=False)
     def delete_action_events(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
         """Delete the action_events of the eligible sessions (first: RESTRICT FKs)."""
-        return _delete("action_events", plan, context)
+        return _delete("action_events", plan, None, context)
 
     @task(execution_timeout=DELETE_TIMEOUT, multiple_outputs=False)
-    def delete_property_object_views(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
-        """Delete the property_object_views of the eligible sessions (stats untouched)."""
-        return _delete("property_object_views", plan, context)
+    def delete_property_object_views(
+        plan: dict[str, Any], action_events: dict[str, Any], **context: Any
+    ) -> dict[str, Any]:
+        """Delete the property_object_views of the sessions delete_action_events covered."""
+        return _delete("property_object_views", plan, action_events, context)
 
     @task(execution_timeout=DELETE_TIMEOUT, multiple_outputs=False)
-    def delete_sessions(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
-        """Delete eligible sessions that have no children left (never hits RESTRICT)."""
-        return _delete("sessions", plan, context)
+    def delete_sessions(
+        plan: dict[str, Any], property_object_views: dict[str, Any], **context: Any
+    ) -> dict[str, Any]:
+        """Delete covered eligible sessions that have no children left (never hits RESTRICT)."""
+        return _delete("sessions", plan, property_object_views, context)
 
     @task(execution_timeout=timedelta(minutes=5), multiple_outputs=False)
     def report(
@@ -164,9 +203,9 @@ def user_activity_retention() -> None:
 
     planned = prepare()
     events = delete_action_events(planned)
-    views = delete_property_object_views(planned)
-    sessions = delete_sessions(planned)
-    events >> views >> sessions
+    # each later step covers only the sessions the step before it covered (its XCom)
+    views = delete_property_object_views(planned, events)
+    sessions = delete_sessions(planned, views)
     report(planned, events, views, sessions)
 
 

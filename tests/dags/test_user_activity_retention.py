@@ -162,5 +162,95 @@ def test_busy_lock_makes_every_delete_task_a_successful_noop(run_dag, seeded):
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert _counts(db) == before
-    assert output.count("event=lock_skip") == 3
+    # the first delete task finds the lock busy; the later ones cover only what it covered
+    assert output.count("event=lock_skip") == 1
+    assert output.count("event=step_skipped") == 2
     assert "HasMore=True" in output
+
+
+def _job_statements(db) -> list[tuple[int, str]]:
+    """The job's backends (pid, state) as pg_stat_activity shows them now."""
+    import psycopg
+
+    from include.pin_maintenance.jobs.activity_retention import SESSION_SETTINGS
+
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        return conn.execute(
+            "select pid, state from pg_stat_activity where datname = current_database()"
+            " and application_name = %s and query ilike '%%delete from user_activity.action%%'"
+            " and state = 'active'",
+            (SESSION_SETTINGS.application_name,),
+        ).fetchall()
+
+
+def test_execution_timeout_mid_step_stops_the_step_cleanly(run_dag, db):
+    """``execution_timeout`` fires while a batch loop is inside a 60 s statement: the Task SDK
+    raises AirflowTaskTimeout (a BaseException) in the task's main thread; the job cancels
+    every loop's statement in flight on the server, rolls back the batches not committed,
+    closes its connections, and the task fails with that exception. The test-only override
+    of the timeout is the DAG file's PIN_RETENTION_DELETE_TIMEOUT_SECONDS."""
+    import threading
+    import time
+
+    from devtools.retention_data import session_id
+
+    with db.connect() as conn:
+        seed_sessions(conn, 30, 10, 2, tag="to")
+        # batch 3 of batch_size 5 (sessions 11..15) takes 60 s in its action_events delete
+        conn.execute(
+            """
+            create function public.slow_13() returns trigger language plpgsql as $$
+            begin
+              if old.session_id = %s::uuid then perform pg_sleep(60); end if;
+              return old;
+            end $$;
+            create trigger slow_13 before delete on user_activity.action_events
+              for each row execute function public.slow_13();
+            """.replace("%s", f"'{session_id('to', 13)}'")
+        )
+        conn.commit()
+    seen: dict[int, list[float]] = {}  # pid of the slow statement: first and last seen
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            now = time.monotonic()
+            for pid, _ in _job_statements(db):
+                seen.setdefault(pid, [now, now])[1] = now
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = run_dag(
+            DAG_ID,
+            db,
+            conf={"batch_size": 5},
+            extra_env={"PIN_RETENTION_DELETE_TIMEOUT_SECONDS": "4"},
+        )
+    finally:
+        done.set()
+        watcher.join(timeout=10)
+
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-4000:]
+    assert "AirflowTaskTimeout" in output  # the task failed with the original exception
+    assert seen, "the slow statement never ran"
+    # each attempt's slow statement ended within the timeout plus the stop bound, not after
+    # its 60 s sleep (a statement left running would have held its transaction open)
+    for first, last in seen.values():
+        print(f"slow statement lived {last - first:.2f} s (timeout 4 s, sleep 60 s)")
+        assert last - first < 4 + 10
+    assert _job_statements(db) == []
+    with db.connect() as conn:
+        kept = {
+            r[0]
+            for r in conn.execute(
+                "select distinct session_id from user_activity.action_events"
+            ).fetchall()
+        }
+    batch_3 = {session_id("to", i) for i in range(11, 16)}
+    assert batch_3 <= kept  # the interrupted batch rolled back
+    # the other batches, committed before the timeout, stay committed
+    assert not ({session_id("to", i) for i in range(1, 31)} - batch_3) & kept
+    assert _counts(db)["sessions"] == 40  # the later delete tasks never ran

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from devtools.bench_data import RETENTION_SHAPES, load_retention, retention_dataset
 from devtools.retention_data import seed_sessions, session_id
@@ -32,6 +33,11 @@ from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetr
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+# The clean-stop bound the tests hold the job to: from the first exception in any loop until
+# the step has returned with every connection closed. The job's own bound is one cancel round
+# trip per loop (job.CANCEL_TIMEOUT_SECONDS at most) and a rollback; measured well under 1 s.
+# A blocked statement would otherwise wait for its 120 s lock_timeout.
+STOP_BOUND_SECONDS = 2 * job.CANCEL_TIMEOUT_SECONDS
 TABLES = ("sessions", "property_object_views", "action_events", "property_object_view_stats")
 
 
@@ -154,7 +160,9 @@ def test_batches_split_sessions_that_share_one_ended_at(db, caplog):
 
     assert result.deleted_sessions == 8
     assert result.deleted_action_events == result.deleted_property_object_views == 8
-    assert result.batches_processed == 9  # 3 per step: 3 + 3 + (1 tied + the later one)
+    # 3 session batches: 3 + 3 + (1 tied + the later one), each step took the same three
+    assert result.batches_processed == 3
+    assert result.batches_by_table == dict.fromkeys(job.TABLES, 3)
     session_batches = [r.getMessage() for r in caplog.records if "event=batch " in r.getMessage()]
     sizes = [m.split(" sessions=")[1].split()[0] for m in session_batches if "table=sessions" in m]
     assert sizes == ["3", "3", "2"]
@@ -175,6 +183,9 @@ def test_empty_run_is_a_successful_noop(db):
         "DeletedPropertyObjectViews": 0,
         "DeletedActionEvents": 0,
         "BatchesProcessed": 0,
+        "ActionEventBatches": 0,
+        "PropertyObjectViewBatches": 0,
+        "SessionBatches": 0,
         "HasMore": False,
         "DryRun": False,
     }
@@ -273,8 +284,10 @@ def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, see
         conn.commit()
     tel = telemetry()
 
+    # one loop: the seed's "batches 1..N-1 committed" exactly (with several loops the committed
+    # batches are any subset: test_a_failed_batch_with_several_loops_leaves_whole_batches)
     with pytest.raises(job.BatchFailed, match="batch 2"):
-        job.run(connect_to(db), config(batch_size=5), tel, StopSignal())
+        job.run(connect_to(db), config(batch_size=5, runners=1), tel, StopSignal())
 
     # batches 1..2 (sessions 1..10) committed, batch 3 and later untouched
     assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
@@ -285,9 +298,12 @@ def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, see
         "first": str(session_id("t", 11)),
         "last": str(session_id("t", 15)),
         "count": 5,
+        "ids": [str(i) for i in ids(11, 15)],
     }
     assert "injected failure" in alert.details["error"]
-    assert tel.metrics.counters["activity_retention_batches_processed"] == 2
+    assert tel.metrics.counters["activity_retention_deleted_action_events"] == 20
+    # no session batch is complete: the run stopped in its first (action_events) step
+    assert tel.metrics.counters["activity_retention_batches_processed"] == 0
 
     with db.connect() as conn:
         conn.execute("delete from public.poison")
@@ -308,7 +324,8 @@ def test_max_batches_bounds_a_run_and_the_next_runs_resume(db, seeded):
 
     assert first.deleted_sessions == 12  # the 12 oldest
     assert first.deleted_action_events == first.deleted_property_object_views == 24
-    assert first.batches_processed == 9  # 3 per delete step
+    assert first.batches_processed == 3  # session batches, 3 per delete step
+    assert first.batches_by_table == dict.fromkeys(job.TABLES, 3)
     assert first.has_more is True
     assert existing(db, "sessions", "id", ids(1, 30)) == set(ids(13, 30))
 
@@ -332,9 +349,46 @@ def test_run_duration_bound_stops_between_batches_with_has_more(db, seeded):
     )
 
     assert result.has_more is True
-    assert (result.deleted_sessions, result.batches_processed) == (4, 3)
+    assert (result.deleted_sessions, result.batches_processed) == (4, 1)
     assert existing(db, "sessions", "id", ids(1, 30)) == set(ids(5, 30))
     assert all(s.stop_reason == "max_duration" for s in result.steps)
+
+
+def test_a_backlog_night_deletes_whole_sessions_within_its_budget(db):
+    """A backlog larger than one night's time budget: the first step stops at its share of
+    the run, and the later steps finish exactly the sessions it cleared (before the budget
+    split, the first step spent the whole budget and the night deleted about one batch of
+    sessions). The run ends within its budget plus the batches in hand."""
+    with db.connect() as conn:
+        seed_sessions(conn, 40_000, 0, 1, tag="night")
+        conn.commit()
+    budget = 4.0
+
+    started = time.monotonic()
+    result = job.run(
+        connect_to(db),
+        config(batch_size=100, max_batches_per_run=50_000, max_run_duration_seconds=budget),
+        telemetry(),
+        StopSignal(),
+    )
+    took = time.monotonic() - started
+
+    events, views, sessions = result.steps
+    assert events.stop_reason == "max_duration"  # the backlog is larger than the night
+    assert result.has_more is True
+    assert result.deleted_sessions > 3 * 100  # far more than one batch of sessions
+    # whole sessions: every session whose children were deleted is deleted too
+    assert result.deleted_sessions == result.deleted_action_events
+    assert result.deleted_sessions == result.deleted_property_object_views
+    assert sessions.batches == views.batches == events.batches == result.batches_processed
+    with db.connect() as conn:
+        half_done = conn.execute(
+            "select count(*) from user_activity.sessions s where not exists"
+            " (select 1 from user_activity.action_events e where e.session_id = s.id)"
+        ).fetchone()[0]
+    assert half_done == 0
+    assert counts(db)["sessions"] == 40_000 - result.deleted_sessions
+    assert took < budget + 3.0  # the budget, plus prepare and one batch in hand per step
 
 
 def test_sessions_step_keeps_sessions_whose_children_an_earlier_bounded_step_left(db, seeded):
@@ -498,16 +552,18 @@ def test_skip_locked_keeps_two_lockless_steps_apart(db, seeded, table):
 
 
 class StopAfterBatches(RecordingMetrics):
-    """Asks the run to stop once ``n`` batches have committed (as SIGTERM would)."""
+    """Asks the run to stop once ``n`` action_events batches have committed (as SIGTERM would)."""
 
     def __init__(self, stop: StopSignal, n: int) -> None:
         super().__init__()
-        self.stop, self.n = stop, n
+        self.stop, self.n, self.batches = stop, n, 0
 
     def incr(self, name: str, count: int = 1) -> None:
         super().incr(name, count)
-        if name == "activity_retention_batches_processed" and self.counters[name] >= self.n:
-            self.stop.set("test stop")
+        if name == "activity_retention_deleted_action_events" and count:
+            self.batches += 1
+            if self.batches >= self.n:
+                self.stop.set("test stop")
 
 
 def test_cancellation_between_batches_keeps_committed_batches(db, seeded):
@@ -515,7 +571,7 @@ def test_cancellation_between_batches_keeps_committed_batches(db, seeded):
     metrics = StopAfterBatches(stop, 2)
 
     with pytest.raises(JobCancelled, match="after 2 committed"):
-        job.run(connect_to(db), config(batch_size=5), telemetry(metrics=metrics), stop)
+        job.run(connect_to(db), config(batch_size=5, runners=1), telemetry(metrics=metrics), stop)
 
     assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
     assert counts(db)["sessions"] == 40
@@ -556,7 +612,7 @@ def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path
             "-m",
             "include.pin_maintenance.jobs.activity_retention",
             "--db-url",
-            db.url,
+            _named_url(db),
             "--config",
             json.dumps({"batch_size": 5}),
             "--lock-timeout-ms",
@@ -568,9 +624,13 @@ def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path
         stderr=job_log,
     )
     try:
-        _wait_for(lambda: _backends(db, waiting=True) == 1, "the job to block inside batch 3")
-        # batches 1 and 2 are committed; batch 3 is half-way through its delete
-        assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
+        # three loops: one blocks inside batch 3, the other two delete and commit the rest
+        _wait_for(
+            lambda: _job_backends(db) == {"waiting": 1, "idle in transaction": 1, "idle": 2},
+            "one loop blocked inside batch 3 and the others done",
+        )
+        # every other batch is committed; batch 3 is half-way through its delete
+        assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 15))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
@@ -590,7 +650,7 @@ def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path
     result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
 
     assert result.deleted_sessions == 30
-    assert result.deleted_action_events == 40
+    assert result.deleted_action_events == 10  # batch 3's
     assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
     after = counts(db)
     assert (after["sessions"], after["action_events"], after["property_object_views"]) == (
@@ -607,7 +667,7 @@ def _start_cli(db, log_file, *args: str) -> subprocess.Popen:
             "-m",
             "include.pin_maintenance.jobs.activity_retention",
             "--db-url",
-            db.url,
+            _named_url(db),
             *args,
         ],
         cwd=REPO,
@@ -625,8 +685,14 @@ def test_sigterm_finishes_the_batch_in_hand_and_stops(db, seeded, tmp_path):
     )
     log_path = tmp_path / "job.log"
     with log_path.open("w") as log_file:
+        # one loop: "nothing after the batch in hand was started" is then exact
         proc = _start_cli(
-            db, log_file, "--config", json.dumps({"batch_size": 5}), "--lock-timeout-ms", "120000"
+            db,
+            log_file,
+            "--config",
+            json.dumps({"batch_size": 5, "runners": 1}),
+            "--lock-timeout-ms",
+            "120000",
         )
         try:
             _wait_for(lambda: _backends(db, waiting=True) == 1, "the job to block in batch 3")
@@ -671,7 +737,7 @@ def test_cli_with_invalid_config_fails_before_any_delete(db, seeded, variable, k
             "-m",
             "include.pin_maintenance.jobs.activity_retention",
             "--db-url",
-            db.url,
+            _named_url(db),
             "--config",
             json.dumps(variable),
         ],
@@ -701,7 +767,10 @@ def test_dry_run_counts_and_changes_nothing(db, seeded):
         "DeletedSessions": 0,
         "DeletedPropertyObjectViews": 0,
         "DeletedActionEvents": 0,
-        "BatchesProcessed": 15,
+        "BatchesProcessed": 5,
+        "ActionEventBatches": 5,
+        "PropertyObjectViewBatches": 5,
+        "SessionBatches": 5,
         "HasMore": False,
         "DryRun": True,
         "WouldDeleteSessions": 30,
@@ -746,27 +815,44 @@ def _job_backends(db) -> dict[str, int]:
     return dict(rows)
 
 
-def test_two_loops_delete_side_by_side_and_commit_in_batch_order(db, seeded):
-    blocked = session_id("t", 13)  # in batch 3 (index 2) of batch_size 5
-    holder = db.connect()
-    holder.execute(
-        "select id from user_activity.action_events where session_id = %s for update", (blocked,)
-    )
-    patient = configured(
-        lambda: psycopg.connect(db.url),
+def _named_url(db) -> str:
+    """The test database with the job's application_name as a startup parameter: the job sets
+    its name per transaction only (db.configured), so an idle job connection would otherwise
+    show the role's default and the backend counts below could not tell it from others."""
+    return make_conninfo(db.url, application_name=job.SESSION_SETTINGS.application_name)
+
+
+def _patient(db) -> job.Connect:
+    """The job's connections with a long lock_timeout (a test holds a row lock for a while)."""
+    return configured(
+        lambda: psycopg.connect(_named_url(db)),
         SessionSettings(
             statement_timeout_ms=120_000,
             lock_timeout_ms=120_000,
             application_name=job.SESSION_SETTINGS.application_name,
         ),
     )
+
+
+def _hold_events_of(db, sid) -> psycopg.Connection:
+    holder = db.connect()
+    holder.execute(
+        "select id from user_activity.action_events where session_id = %s for update", (sid,)
+    )
+    return holder
+
+
+def test_loops_never_wait_for_each_other_with_a_transaction_open(db, seeded):
+    """Independent loops: while one waits inside batch 3, the others delete and commit every
+    other batch, and none of them holds a transaction open meanwhile (only the lock does)."""
+    holder = _hold_events_of(db, session_id("t", 13))  # batch 3 (index 2) of batch_size 5
     results: list = []
     errors: list = []
 
     def one_run() -> None:
         try:
             results.append(
-                job.run(patient, config(batch_size=5, runners=2), telemetry(), StopSignal())
+                job.run(_patient(db), config(batch_size=5, runners=2), telemetry(), StopSignal())
             )
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
@@ -774,14 +860,12 @@ def test_two_loops_delete_side_by_side_and_commit_in_batch_order(db, seeded):
     runner = threading.Thread(target=one_run)
     runner.start()
     try:
-        # one loop waits inside batch 3; the other has deleted batch 4 and waits for its turn
-        # to commit: the lock holder and that loop are both idle in a transaction
         _wait_for(
-            lambda: _job_backends(db) == {"waiting": 1, "idle in transaction": 2},
-            "one loop blocked in batch 3 and the other holding batch 4",
+            lambda: _job_backends(db) == {"waiting": 1, "idle in transaction": 1, "idle": 1},
+            "one loop blocked in batch 3 and the other done with the rest",
         )
-        # nothing after batch 2 is committed: batch 4's delete is not visible yet
-        assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
+        # every other batch of the step is committed (visible) already
+        assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 15))
     finally:
         holder.rollback()
         holder.close()
@@ -791,10 +875,156 @@ def test_two_loops_delete_side_by_side_and_commit_in_batch_order(db, seeded):
     [result] = results
     assert (result.deleted_sessions, result.deleted_action_events) == (30, 60)
     assert result.deleted_property_object_views == 60
-    assert result.batches_processed == 18  # 6 per delete step, the batches one loop takes
+    assert result.batches_processed == 6  # session batches: 30 / 5
+    assert result.batches_by_table == dict.fromkeys(job.TABLES, 6)
     assert result.has_more is False
     assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
     assert counts(db)["sessions"] == 10
+
+
+def test_a_failed_batch_with_several_loops_leaves_whole_batches(db, seeded):
+    """Three loops, batch 3 fails: the step fails with BatchFailed, every batch is either
+    committed whole or rolled back whole, and the next run finishes."""
+    with db.connect() as conn:
+        conn.execute(
+            """
+            create function public.refuse_13() returns trigger language plpgsql as $$
+            begin
+              if old.session_id = %s::uuid then raise exception 'injected failure'; end if;
+              return old;
+            end $$;
+            create trigger refuse_13 before delete on user_activity.action_events
+              for each row execute function public.refuse_13();
+            """.replace("%s", f"'{session_id('t', 13)}'")
+        )
+        conn.commit()
+    tel = telemetry()
+
+    with pytest.raises(job.BatchFailed, match="injected failure"):
+        job.run(connect_to(db), config(batch_size=5, runners=3), tel, StopSignal())
+
+    left = existing(db, "action_events", "session_id", ids(1, 30))
+    assert set(ids(11, 15)) <= left  # the failed batch rolled back whole
+    for first in range(1, 31, 5):  # each batch is whole: all of its sessions' events or none
+        batch = set(ids(first, first + 4))
+        assert batch <= left or not (batch & left), f"batch from {first} is partial"
+    assert counts(db)["sessions"] == 40  # the run stopped in its first step
+    assert _backends(db) == 0
+    [alert] = tel.alerts.sent
+    assert alert.details["batch_ids"]["ids"] == [str(i) for i in ids(11, 15)]
+
+    with db.connect() as conn:
+        conn.execute("drop trigger refuse_13 on user_activity.action_events")
+        conn.commit()
+    assert (
+        job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal()).deleted_sessions
+        == 30
+    )
+    assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
+
+
+class Injected(Exception):
+    """A bug in a side loop: not a psycopg error."""
+
+
+class ExplodeInASideLoop(RecordingMetrics):
+    """The first counter a side loop (not the caller's thread) sends raises :class:`Injected`,
+    once another loop of the step is blocked on a row lock in the middle of its batch."""
+
+    def __init__(self, db) -> None:
+        super().__init__()
+        self.db, self.raised_at = db, None
+        self._once = threading.Lock()
+
+    def incr(self, name: str, count: int = 1) -> None:
+        super().incr(name, count)
+        if threading.current_thread() is threading.main_thread() or count == 0:
+            return
+        if not self._once.acquire(blocking=False):
+            return
+        _wait_for(lambda: _backends(self.db, waiting=True) == 1, "a loop blocked in batch 3")
+        self.raised_at = time.monotonic()
+        raise Injected("side loop bug")
+
+
+def test_an_exception_in_a_side_loop_stops_the_step_within_the_bound(db, seeded):
+    """Any exception in any loop ends the step at once: the blocked loop's statement is
+    cancelled (not left to its 120 s lock_timeout), its batch rolls back, committed batches
+    stay, no backend of the job is left, and the original exception is raised."""
+    holder = _hold_events_of(db, session_id("t", 13))  # batch 3 of batch_size 5
+    metrics = ExplodeInASideLoop(db)
+    try:
+        with pytest.raises(Injected, match="side loop bug"):
+            job.run(
+                _patient(db),
+                config(batch_size=5, runners=3),
+                telemetry(metrics=metrics),
+                StopSignal(),
+            )
+        stopped_after = time.monotonic() - metrics.raised_at
+        backends_after = _backends(db)
+    finally:
+        holder.rollback()
+        holder.close()
+
+    print(f"clean stop: {stopped_after:.3f} s after the exception")
+    assert stopped_after < STOP_BOUND_SECONDS
+    assert backends_after == 0  # every connection closed, nothing left in a transaction
+    left = existing(db, "action_events", "session_id", ids(1, 30))
+    assert set(ids(11, 15)) <= left  # the blocked batch rolled back
+    assert len(left) < 30  # the batch the failing loop committed stays committed
+    for first in range(1, 31, 5):
+        batch = set(ids(first, first + 4))
+        assert batch <= left or not (batch & left), f"batch from {first} is partial"
+    assert counts(db)["sessions"] == 40
+    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+    assert result.deleted_sessions == 30
+
+
+class Alarm(BaseException):
+    """What the Task SDK's AirflowTaskTimeout is: a BaseException raised by SIGALRM."""
+
+
+def test_a_base_exception_from_sigalrm_mid_statement_stops_every_loop(db, seeded):
+    """SIGALRM raises in the caller's thread (lane 0) wherever it is, in a statement or in
+    the join; psycopg does not cancel the statement for it, the job does."""
+    holder = _hold_events_of(db, session_id("t", 13))
+    raised: list[float] = []
+
+    def alarm(signum, frame):
+        raised.append(time.monotonic())
+        raise Alarm("execution_timeout")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    try:
+        # the alarm fires once a loop is blocked in batch 3 (well inside the 120 s lock wait)
+        waiter = threading.Thread(
+            target=lambda: (
+                _wait_for(lambda: _backends(db, waiting=True) == 1, "a blocked loop"),
+                signal.setitimer(signal.ITIMER_REAL, 0.2),
+            )
+        )
+        waiter.start()
+        with pytest.raises(Alarm):
+            job.run(_patient(db), config(batch_size=5, runners=3), telemetry(), StopSignal())
+        stopped_after = time.monotonic() - raised[0]
+        backends_after = _backends(db)
+        waiter.join(timeout=30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        holder.rollback()
+        holder.close()
+
+    print(f"clean stop: {stopped_after:.3f} s after the exception")
+    assert stopped_after < STOP_BOUND_SECONDS
+    assert backends_after == 0
+    left = existing(db, "action_events", "session_id", ids(1, 30))
+    assert set(ids(11, 15)) <= left
+    for first in range(1, 31, 5):
+        batch = set(ids(first, first + 4))
+        assert batch <= left or not (batch & left), f"batch from {first} is partial"
+    assert counts(db)["sessions"] == 40
 
 
 @pytest.mark.parametrize("shape", sorted(RETENTION_SHAPES))
@@ -816,7 +1046,8 @@ def test_every_benchmark_shape_is_deleted_completely(db, shape):
     assert result.deleted_sessions == 23
     assert result.deleted_property_object_views == 23 * ds.views_per_session
     assert result.deleted_action_events == 23 * ds.events_per_session
-    assert result.batches_processed == 15
+    assert result.batches_processed == 5
+    assert result.batches_by_table == dict.fromkeys(job.TABLES, 5)
     assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
     after = counts(db)
     assert (after["sessions"], after["action_events"], after["property_object_views"]) == (

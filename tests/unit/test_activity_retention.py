@@ -121,7 +121,10 @@ def test_report_sums_the_steps_into_the_seed_result_and_emits_run_metrics():
         "DeletedSessions": 30,
         "DeletedPropertyObjectViews": 50,
         "DeletedActionEvents": 60,
-        "BatchesProcessed": 9,
+        "BatchesProcessed": 3,  # session batches (the seed's batch: sessions + children)
+        "ActionEventBatches": 3,
+        "PropertyObjectViewBatches": 3,
+        "SessionBatches": 3,
         "HasMore": True,
         "DryRun": False,
     }
@@ -162,3 +165,51 @@ def test_runner_count_follows_config_backlog_and_bounds(plan, loops):
 def test_a_plan_from_before_the_runners_key_means_one_loop():
     old = {k: v for k, v in PLAN.to_xcom().items() if k != "runners"}
     assert job.RunPlan.from_xcom(old).runners == 1
+
+
+def test_each_step_stops_at_its_share_of_the_run_and_the_last_at_the_run_deadline():
+    deadlines = [job.step_deadline(PLAN, t) for t in job.TABLES]
+    assert deadlines == sorted(deadlines)  # children first, each later step after
+    assert deadlines[-1] == PLAN.deadline_at
+    start = PLAN.deadline_at - job.timedelta(seconds=PLAN.max_run_duration_seconds)
+    assert deadlines[0] == start + job.timedelta(seconds=450)  # a quarter of 1800 s
+    # the views step may take 1.4x what the first step had, the sessions step at least 1.6x
+    first = (deadlines[0] - start).total_seconds()
+    assert (deadlines[1] - deadlines[0]).total_seconds() == pytest.approx(1.4 * first)
+    assert (deadlines[2] - deadlines[1]).total_seconds() == pytest.approx(1.6 * first)
+
+
+@pytest.mark.parametrize(
+    ("step", "covered"),
+    [
+        # drained: the later steps are not bounded
+        (job.StepResult("action_events", stop_reason="drained", last_id=None), None),
+        # bounded: the later steps stop at the last key it reached
+        (
+            job.StepResult(
+                "action_events",
+                stop_reason="max_duration",
+                last_ended_at="2025-01-01T00:00:00+00:00",
+                last_id="00000000-0000-0000-0000-000000000007",
+            ),
+            (datetime(2025, 1, 1, tzinfo=UTC), job.uuid.UUID(int=7)),
+        ),
+        # a busy lock: it covered nothing, nor do the later steps
+        (job.StepResult("action_events", lock_skipped=True), job._KEY_START),
+    ],
+)
+def test_a_later_step_covers_what_the_step_before_it_covered(step, covered):
+    assert step.covered() == covered
+
+
+def test_lock_alert_threshold_is_the_lease_not_the_run_budget():
+    """A step of a live run holds the lock up to its lease; only a holder past it alerts."""
+    assert job.lock_lease_seconds(PLAN) == 1800 + job.LOCK_TTL_MARGIN_SECONDS
+    worst_step = PLAN.max_run_duration_seconds + job.STOP_GRACE_SECONDS
+    assert worst_step < job.lock_lease_seconds(PLAN)
+
+
+def test_a_failed_batch_logs_at_most_20_of_its_ids():
+    literal = "{" + ",".join(str(job.uuid.UUID(int=i)) for i in range(5000)) + "}"
+    assert job._sample_ids(literal) == [str(job.uuid.UUID(int=i)) for i in range(20)]
+    assert job._sample_ids("{}") == []

@@ -15,14 +15,15 @@ Shape (DESIGN section 7): one run is
    ``sessions``. Each step walks the eligible sessions oldest first in batches of
    ``batch_size`` ids (keyset on ``(ended_at, id)``, ``FOR UPDATE SKIP LOCKED``), one
    transaction per batch, and deletes its own table's rows of that batch by ``session_id``.
-   With ``runners`` > 1 (default 3) a step runs that many batch loops, one connection each:
-   they claim the same batches one loop would, one after the other, delete them side by side
-   and commit them in batch order, so the committed state is always one loop's (see
-   :class:`_Walk`). The ``sessions`` step deletes only sessions of the batch that have no
-   child rows left (``NOT EXISTS`` on both child tables), so it never hits the RESTRICT
-   foreign keys and never
-   removes a session whose children an earlier step left behind (bounded, failed or skipped);
-   those stay eligible and the next run finishes them (data-driven resume, no checkpoint).
+   With ``runners`` > 1 (default 3) a step runs that many independent batch loops, one
+   connection each (:class:`_Walk` on :func:`~include.pin_maintenance.parallel.run_lanes`):
+   only the claim of the next batch is serialised; each loop deletes and commits its batch on
+   its own, and no loop ever waits for another with a transaction open. The ``sessions`` step
+   deletes only sessions of the batch that have no child rows left (``NOT EXISTS`` on both
+   child tables), so it never hits the RESTRICT foreign keys and never removes a session
+   whose children an earlier step left behind (bounded, failed or skipped); those stay
+   eligible and the next run finishes them (data-driven resume, no checkpoint). That guard is
+   why commits need no order: any subset of committed batches is a safe state.
 3. :func:`report`: the seed's result ``{DeletedSessions, ..., HasMore}``, the completion log
    line and the run-level metrics.
 
@@ -38,10 +39,23 @@ key of a batch is carried to the next one, and the batch's ids live in memory on
 batch runs: memory stays flat whatever the backlog.
 
 Time budget: ``max_run_duration_seconds`` bounds the whole run. ``prepare`` fixes the deadline
-on the server clock and every step stops between batches once it has passed; each step still
-runs its first batch, so a run whose earlier tasks (or Airflow's scheduling) used up the budget
-still makes progress. ``max_batches_per_run`` bounds each step, so all three cover the same
-prefix of the eligible set.
+on the server clock; the budget is split between the steps (:data:`STEP_DEADLINE_SHARE`:
+``action_events`` claims for the first quarter of the window, ``property_object_views``
+until 60 %, ``sessions`` until the run deadline), and each later step covers no session past
+the last one the step before it covered (``after``). So a backlog night deletes whole sessions: what
+the first step cleared, the later ones finish. Each step still runs its first batch, so a run
+whose earlier tasks (or Airflow's scheduling) used up the budget still makes progress.
+``max_batches_per_run`` bounds the batches each step claims, all its loops together, so all
+three cover the same prefix of the eligible set.
+
+Clean stop: any exception in any batch loop, ``BaseException`` included (the Task SDK's
+``AirflowTaskTimeout`` from ``execution_timeout``), cancels every loop's statement in flight
+(``conn.cancel_safe``), rolls back every batch not committed and closes every connection; the
+step then raises the original exception. Measured: the step returns within 0.05 s of the
+exception; the bound is one cancel round trip per loop (each at most
+``CANCEL_TIMEOUT_SECONDS``, sent one after the other: 15 s at the default 3 loops when no
+cancel gets through), and the join never waits longer than ``STOP_GRACE_SECONDS`` for a loop
+that does not stop.
 
 Why SKIP LOCKED and the advisory lock both: the lock ``job:scheduled:activity-retention`` keeps
 a second deployment, a manual ``airflow tasks test`` or an old worker out; the row locks make
@@ -53,15 +67,16 @@ Lock TTL: each delete step holds the lock on its own connection for as long as i
 lease of ``max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS``. A step checks its budget
 between batches only, so it can overrun the run deadline by at most one batch: two
 statements, each bounded by ``statement_timeout`` (:data:`SESSION_SETTINGS`, 2 x 120 s < 300 s
-margin); with several loops the batches in flight run side by side, each waiting at most for
-the one ahead of it, which started before the deadline too. A holder that hangs longer loses
-the lock to the server, so it cannot block later runs.
+margin); with several loops the batches in flight run side by side and wait for nothing but
+their own statements. A holder that hangs longer loses the lock to the server, so it cannot
+block later runs. ``lock_held_too_long`` fires only for a holder older than that lease.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import sys
@@ -76,11 +91,13 @@ from typing import Any
 import psycopg
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
+from psycopg import pq
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import (
     Connect,
+    PoolTooSmall,
     SessionSettings,
     advisory_lock,
     configured,
@@ -88,6 +105,7 @@ from include.pin_maintenance.db import (
     require_server_connections,
 )
 from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
+from include.pin_maintenance.parallel import Deadline, Lane, run_lanes
 from include.pin_maintenance.runloop import (
     JobCancelled,
     StopReason,
@@ -105,14 +123,10 @@ LOCK_TTL_MARGIN_SECONDS = 300
 
 # Statements of one batch touch up to batch_size sessions and all their children (RI triggers
 # included): allow more than the 30 s default, still far below the lock lease margin.
-# synchronous_commit off: see _open; per transaction like the timeouts (db.configured), so it
-# never reaches another client of a pooled server connection (the lock and read transactions
-# write nothing, so it changes nothing for them).
 SESSION_SETTINGS = SessionSettings(
     statement_timeout_ms=120_000,
     lock_timeout_ms=5_000,
     application_name="pin-activity-retention",
-    synchronous_commit="off",
 )
 
 
@@ -143,8 +157,34 @@ RESULT_FIELD = {
     "sessions": "DeletedSessions",
 }
 
-# Keyset start: before every possible (ended_at, id).
+# Keyset start and end: before / after every possible (ended_at, id).
 _KEY_START = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
+_KEY_END = (datetime(9999, 12, 31, tzinfo=UTC), uuid.UUID(int=(1 << 128) - 1))
+
+# The run's budget split between the delete steps, as the point of the run's window (from
+# prepare to deadline_at) where each step stops claiming. Each later step covers only the
+# sessions the step before it covered, so what the first step clears is the night's work, and
+# the later steps must be able to finish it: action_events claims for the first quarter;
+# property_object_views may run until 60 % (1.4x the first step's time), sessions has at
+# least the last 40 % (1.6x), plus whatever the views step did not need. Per batch, a later
+# step costs 0.15-1.07x an action_events batch in docs/benchmarks.md's profile (5000
+# sessions), and up to 1.5x at small batches on a loaded machine (measured here: views 0.9x,
+# sessions 1.5x with one view and one event per session). A step that finishes early leaves
+# its time to the next one. Only a backlog larger than the time budget meets this split; a
+# run bounded by max_batches_per_run (the usual case at the defaults) never does.
+STEP_DEADLINE_SHARE = {"action_events": 0.25, "property_object_views": 0.6, "sessions": 1.0}
+
+# After any exception in a batch loop: a cancel request per loop (psycopg's cancel_safe waits
+# at most this long for each; they are sent one after the other), then each loop rolls back
+# and closes its connection.
+CANCEL_TIMEOUT_SECONDS = 5.0
+# The bounded join of the loops (run_lanes' grace): past the step's deadline the batches in
+# hand may still run their two statements (claim + delete, each <= statement_timeout); after a
+# cancel, loops stop within one cancel round trip. A loop still running after this is reported
+# (LanesDidNotStop) instead of waited for.
+STOP_GRACE_SECONDS = 2 * SESSION_SETTINGS.statement_timeout_ms / 1000 + 2 * CANCEL_TIMEOUT_SECONDS
+# A failed batch's log and alert carry its first/last id, its count and up to this many ids.
+FAILED_BATCH_SAMPLE_IDS = 20
 
 
 @dataclass(frozen=True)
@@ -159,7 +199,12 @@ class _Batch:
     last: uuid.UUID
 
     def log_ids(self) -> dict[str, Any]:
-        return {"first": str(self.first), "last": str(self.last), "count": self.count}
+        return {
+            "first": str(self.first),
+            "last": str(self.last),
+            "count": self.count,
+            "ids": _sample_ids(self.ids),
+        }
 
 
 class BatchFailed(RuntimeError):
@@ -205,6 +250,20 @@ class StepResult:
     stop_reason: str = StopReason.DRAINED.value
     lock_skipped: bool = False
     dry_run: bool = False
+    # the keyset position the step reached (the last claimed session): the later steps of the
+    # run cover no session past it; None = no batch claimed
+    last_ended_at: str | None = None
+    last_id: str | None = None
+
+    def covered(self) -> tuple[datetime, uuid.UUID] | None:
+        """The last (ended_at, id) this step covered, or None when it covered everything."""
+        if self.lock_skipped:
+            return _KEY_START  # it covered nothing
+        if self.stop_reason == StopReason.DRAINED.value:
+            return None
+        if self.last_ended_at is None or self.last_id is None:
+            return _KEY_START
+        return datetime.fromisoformat(self.last_ended_at), uuid.UUID(self.last_id)
 
     @property
     def has_more(self) -> bool:
@@ -221,8 +280,10 @@ class StepResult:
 
 @dataclass(frozen=True)
 class RetentionResult:
-    """The seed's result (step 8). ``batches_processed`` counts committed batch transactions
-    of all three delete steps (the same as the activity_retention_batches_processed counter).
+    """The seed's result (step 8). ``batches_processed`` counts session batches as the seed
+    defines them (one batch = up to ``batch_size`` sessions with their children): the batches
+    the sessions step committed, the same as the activity_retention_batches_processed counter.
+    ``batches_by_table`` has each delete step's committed batches beside it.
     """
 
     deleted_sessions: int = 0
@@ -231,6 +292,7 @@ class RetentionResult:
     batches_processed: int = 0
     has_more: bool = False
     dry_run: bool = False
+    batches_by_table: dict[str, int] = field(default_factory=dict, compare=False)
     steps: tuple[StepResult, ...] = field(default=(), compare=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -245,6 +307,9 @@ class RetentionResult:
         out.update(
             {
                 "BatchesProcessed": self.batches_processed,
+                "ActionEventBatches": self.batches_by_table.get("action_events", 0),
+                "PropertyObjectViewBatches": self.batches_by_table.get("property_object_views", 0),
+                "SessionBatches": self.batches_by_table.get("sessions", 0),
                 "HasMore": self.has_more,
                 "DryRun": self.dry_run,
             }
@@ -343,8 +408,15 @@ def delete_step(
     stop: StopSignal,
     *,
     lock_name: str | None = LOCK_NAME,
+    after: StepResult | None = None,
 ) -> StepResult:
     """Delete ``table``'s rows of the eligible sessions, batch by batch, under the job lock.
+
+    ``after`` is the result of the step before this one in the run (None for the first): this
+    step covers no session past the last one that step covered, so a step bounded by its
+    budget leaves the later steps exactly the sessions it cleared. The step stops claiming at
+    its share of the run's window (:data:`STEP_DEADLINE_SHARE`) and after
+    ``max_batches_per_run`` batches claimed by all its loops together.
 
     Busy lock: a warning ``lock_skip`` and a no-op result with ``lock_skipped`` (the task
     succeeds; the rows stay eligible for the next run); :func:`report` counts the busy run once
@@ -352,14 +424,29 @@ def delete_step(
     ``lock_name=None`` runs without the advisory lock: only ``run`` (which already holds it)
     and the tests of the SKIP LOCKED isolation use that.
 
-    A failing batch rolls back alone (earlier batches stay committed), is logged with its ids
-    and alerted as ``retention_batch_failed``, and the step raises :class:`BatchFailed`.
-    A stop request ends the step between batches and raises :class:`JobCancelled`.
+    A failing batch rolls back (batches other loops committed stay committed), is logged with
+    its ids and alerted as ``retention_batch_failed``, and the step raises
+    :class:`BatchFailed`. Any other exception in any loop (``AirflowTaskTimeout`` included)
+    cancels every loop's statement in flight, rolls back every batch not committed and is
+    re-raised as is. A stop request ends the step between batches and raises
+    :class:`JobCancelled`.
     """
     with telemetry.run_span(f"{JOB} delete {table}") as span:
-        step = _delete_step(connect, plan, table, telemetry, stop, lock_name=lock_name)
+        step = _delete_step(connect, plan, table, telemetry, stop, lock_name=lock_name, after=after)
         set_result(span, step.to_xcom())
         return step
+
+
+def step_deadline(plan: RunPlan, table: str) -> datetime:
+    """When ``table``'s step stops claiming batches (server clock): its share of the run."""
+    share = STEP_DEADLINE_SHARE[table]
+    return plan.deadline_at - timedelta(seconds=(1.0 - share) * plan.max_run_duration_seconds)
+
+
+def lock_lease_seconds(plan: RunPlan) -> float:
+    """The advisory lock's lease: a step holds it at most its share of the run plus one batch
+    in hand (<= 2 statements of statement_timeout) and the stop grace, all inside the margin."""
+    return plan.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
 
 
 def _delete_step(
@@ -370,60 +457,123 @@ def _delete_step(
     stop: StopSignal,
     *,
     lock_name: str | None,
+    after: StepResult | None,
 ) -> StepResult:
     if table not in TABLES:
         raise ValueError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
-    if plan.dry_run:
-        return _walk(connect, plan, table, telemetry, stop)
-    if lock_name is None:
-        return _walk(connect, plan, table, telemetry, stop)
-    ttl = plan.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
-    with advisory_lock(connect, lock_name, ttl) as held:
-        if not held:
-            _lock_busy(connect, lock_name, plan, telemetry, table)
-            return StepResult(table=table, lock_skipped=True)
-        return _walk(connect, plan, table, telemetry, stop)
+    until = after.covered() if after is not None else None
+    bounded_by = after.stop_reason if after is not None else StopReason.DRAINED.value
+    if until == _KEY_START:  # the step before covered nothing (its lock was busy)
+        telemetry.log.info("step_skipped", table=table, reason="the step before covered nothing")
+        return StepResult(table=table, stop_reason=StopReason.MAX_BATCHES.value)
+    # The loops' connections are opened before the lock is taken: opening one may need a
+    # server connection of a pooler for a moment, and the lock's transaction pins one for the
+    # whole step (with a pool of one, the opening would wait for the pooler's timeout).
+    conns = _open_loops(connect, plan, telemetry, table)
+    try:
+        if plan.dry_run or lock_name is None:
+            return _walk(
+                conns,
+                plan,
+                table,
+                telemetry,
+                stop,
+                until=until,
+                bounded_by=bounded_by,
+                locked=False,
+            )
+        with advisory_lock(connect, lock_name, lock_lease_seconds(plan)) as held:
+            if not held:
+                _lock_busy(connect, lock_name, plan, telemetry, table)
+                return StepResult(table=table, lock_skipped=True)
+            return _walk(
+                conns, plan, table, telemetry, stop, until=until, bounded_by=bounded_by, locked=True
+            )
+    finally:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def _open_loops(
+    connect: Connect, plan: RunPlan, telemetry: Telemetry, table: str
+) -> list[psycopg.Connection]:
+    """One connection per batch loop, opened on the caller's thread (an Airflow hook reads its
+    Connection through the task runner, which is not for side threads)."""
+    conns = [connect()]
+    for number in range(2, _runner_count(plan) + 1):
+        try:
+            conns.append(connect())
+        except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
+            telemetry.log.warning("runner_not_started", table=table, runner=number, error=str(exc))
+            break
+    return conns
+
+
+def server_connections_needed(plan: RunPlan) -> int:
+    """Server connections one delete step holds at most at once: the lock's transaction for
+    the whole step, plus one per batch loop while that loop is inside a batch."""
+    return 1 + _runner_count(plan)
 
 
 def _lock_busy(
     connect: Connect, lock_name: str, plan: RunPlan, telemetry: Telemetry, table: str
 ) -> None:
     """Lock skip: warning log, and an alert if the holder is stuck (``report`` counts the
-    contention once per run, however many of its delete tasks found the lock busy)."""
+    contention once per run, however many of its delete tasks found the lock busy).
+
+    Stuck means held longer than the lease a live step holds it for (``lock_lease_seconds``):
+    a step of a legitimate run that holds the lock for up to that long never alerts."""
     telemetry.log.warning("lock_skip", lock=lock_name, table=table)
-    alert = lock_held_too_long(connect, lock_name, plan.max_run_duration_seconds, job=JOB)
+    alert = lock_held_too_long(connect, lock_name, lock_lease_seconds(plan), job=JOB)
     if alert:
         telemetry.alerts.send(alert)
 
 
 def _walk(
-    connect: Connect, plan: RunPlan, table: str, telemetry: Telemetry, stop: StopSignal
+    conns: list[psycopg.Connection],
+    plan: RunPlan,
+    table: str,
+    telemetry: Telemetry,
+    stop: StopSignal,
+    *,
+    until: tuple[datetime, uuid.UUID] | None,
+    bounded_by: str,
+    locked: bool,
 ) -> StepResult:
     log = telemetry.log
-    conns = [_open(connect)]
+    # Fail fast, before any batch, when a pooler cannot give every loop a server connection
+    # while the lock holds one (docs/deploying.md, "Behind a pooler"): the loops would
+    # otherwise wait in the pooler's queue until its query_wait_timeout.
+    held = 1 if locked else 0
+    require_server_connections(
+        conns, job=JOB, held=held, what=f"{held} lock + {len(conns)} batch loops"
+    )
     try:
         remaining = (
             conns[0]
-            .execute(sql.load("retention/seconds_until"), {"deadline_at": plan.deadline_at})
+            .execute(
+                sql.load("retention/seconds_until"),
+                {"deadline_at": step_deadline(plan, table)},
+            )
             .fetchone()[0]
         )
         conns[0].rollback()
-        # The first batch always runs, so a run whose earlier tasks used up the budget still
-        # makes progress; later batches stop at the run deadline.
-        walk = _Walk(plan, table, telemetry, stop, max_duration_seconds=max(float(remaining), 0.0))
-        # Side loops' connections are opened here, on the caller's thread (an Airflow hook
-        # reads its Connection through the task runner, which is not for side threads).
-        for number in range(2, _runner_count(plan) + 1):
-            try:
-                conns.append(_open(connect))
-            except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
-                log.warning("runner_not_started", table=table, runner=number, error=str(exc))
-                break
-        require_server_connections(conns, job=JOB, held=0 if plan.dry_run else 1)  # pool size
+        # The first batch always runs, so a step whose earlier tasks used up their share still
+        # makes progress; later batches stop at the step's deadline.
+        walk = _Walk(
+            plan,
+            table,
+            telemetry,
+            stop,
+            deadline=Deadline(max(float(remaining), 0.0)),
+            until=until,
+            bounded_by=bounded_by,
+        )
         walk.run(conns)
     finally:
         for conn in conns:
-            with contextlib.suppress(psycopg.Error):
+            with contextlib.suppress(Exception):
                 conn.close()
     result = StepResult(
         table=table,
@@ -431,6 +581,8 @@ def _walk(
         batches=walk.batches,
         stop_reason=walk.stop_reason.value,
         dry_run=plan.dry_run,
+        last_ended_at=walk.last_ended_at.isoformat() if walk.claimed else None,
+        last_id=str(walk.after_id) if walk.claimed else None,
     )
     log.info(
         "step_completed",
@@ -459,34 +611,44 @@ def _runner_count(plan: RunPlan) -> int:
     return max(1, min(plan.runners, batches, plan.max_batches_per_run))
 
 
-def _open(connect: Connect) -> psycopg.Connection:
-    """A batch connection with asynchronous commit.
+def _sample_ids(literal: str, limit: int = FAILED_BATCH_SAMPLE_IDS) -> list[str]:
+    """The first ``limit`` ids of a ``uuid[]`` literal '{a,b,...}' (without parsing them all)."""
+    if len(literal) <= 2:
+        return []
+    return literal[1:-1].split(",", limit)[:limit]
 
-    A batch commit need not wait for the WAL flush: a commit lost in a server crash only leaves
-    its rows in place, still eligible, and the next run deletes them (no events are published,
-    nothing downstream saw the delete). Saves a WAL flush per batch. The setting comes with
-    ``connect`` (SESSION_SETTINGS, applied in each transaction), never on the session.
-    """
-    return connect()
+
+def _end_interrupted(conn: psycopg.Connection) -> None:
+    """After an exception that psycopg did not handle (AirflowTaskTimeout, a bug): cancel a
+    statement still running on the server, then close, which ends the batch's transaction
+    (rolled back) at once. psycopg itself cancels only on KeyboardInterrupt/SystemExit."""
+    with contextlib.suppress(Exception):
+        if conn.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+            conn.cancel_safe(timeout=CANCEL_TIMEOUT_SECONDS)
+    with contextlib.suppress(Exception):
+        conn.close()
 
 
 class _Walk:
-    """One step's keyset walk over the eligible sessions, shared by the step's batch loops.
+    """One step's keyset walk over the eligible sessions, shared by independent batch loops.
 
-    The claim and the commit are serialised, the deletes run side by side. A loop takes the
-    walk's lock, locks the next ``batch_size`` sessions after the last claimed key (``FOR
-    UPDATE SKIP LOCKED``, in its own transaction), moves the key on and lets go; it deletes
-    its table's rows of that batch while the next loop claims and deletes the next batch; it
-    commits when every earlier batch has. So the loops take exactly the batches one loop would
-    take (``max_batches_per_run`` counts them, every step covers the same prefix) and commit
-    them in the same order: what is committed is always what one loop would have committed.
-    A failed batch rolls back with every later one (one loop would not have started them),
-    earlier ones commit; after a stop request the batch in hand finishes and later ones roll
-    back. Batches of different sessions touch disjoint rows (a session's subtree is its own,
-    seed step 4; a cross-session SET NULL reference updates a row that only one batch touches),
-    so a loop never waits for a row lock of a batch queued behind it; if something outside
-    the schema made it (a foreign trigger), ``lock_timeout`` would fail that batch, not hang.
-    State: the last key, the commit turn and running totals, nothing more.
+    Each loop (a lane of :func:`run_lanes`, one connection each) repeats: claim the next batch,
+    delete its table's rows, commit. Only the claim is serialised: a loop takes the walk's
+    claim lock, locks the next ``batch_size`` sessions after the shared keyset position
+    (``FOR UPDATE SKIP LOCKED``, in its own transaction), moves the position on and lets go.
+    Its delete and commit then run on their own: no loop ever waits for another loop with a
+    transaction open, and no loop holds a transaction open between batches (a pooler in
+    transaction mode can always hand its server connection to the loop that needs one).
+
+    Commits are not ordered: with a failure the committed batches are any subset of the
+    claimed ones. That is safe: every batch is atomic, the sessions step deletes only
+    sessions without children, and the next run finishes what is left (data-driven resume).
+
+    Stops. A bound (``max_batches_per_run`` claimed, the step's deadline) or a stop request
+    (SIGTERM) ends claiming; the batches in hand finish and commit. Any exception in any loop,
+    ``BaseException`` included, cancels the crew: every loop's statement in flight is
+    cancelled on the server (``conn.cancel_safe``), every batch not yet committed rolls back,
+    and :func:`run_lanes` re-raises the first exception once every loop has stopped.
     """
 
     def __init__(
@@ -496,154 +658,158 @@ class _Walk:
         telemetry: Telemetry,
         stop: StopSignal,
         *,
-        max_duration_seconds: float,
-        clock: Callable[[], float] = time.monotonic,
+        deadline: Deadline,
+        until: tuple[datetime, uuid.UUID] | None = None,
+        bounded_by: str = StopReason.DRAINED.value,
     ) -> None:
         self.plan, self.table, self.telemetry, self.stop = plan, table, telemetry, stop
-        self.max_duration_seconds, self.clock = max_duration_seconds, clock
-        self.halt = StopSignal(parent=stop)  # set by a failing loop; follows the run's stop
-        self._lock = threading.RLock()  # the claim and the commit order
-        self._turn = threading.Condition(self._lock)
-        self._settled = 0  # batches done in order (committed, or rolled back after a stop)
-        self._failed_at: int | None = None  # the first failed batch: later ones roll back
-        self._cancel_from: int | None = None  # stop seen: batches from here on roll back
+        self.deadline = deadline
+        self.until_ended_at, self.until_id = until or _KEY_END
+        self._bounded_by = StopReason(bounded_by)
+        self._claim_lock = threading.Lock()  # the keyset position and the claim count
+        self._count_lock = threading.Lock()  # the totals
+        self._aborted = threading.Event()  # a loop failed: nothing more commits
         self.after_ended_at, self.after_id = _KEY_START
+        self.last_ended_at = _KEY_START[0]
         self.claimed = 0  # batches claimed: the next batch's index
         self.batches = 0  # batches committed (or counted, in a dry run)
         self.rows = 0
         self.stop_reason = StopReason.DRAINED
         self._drained = False
-        self._errors: list[BaseException] = []
-        self._started = clock()
         self._select = sql.load(
             "retention/peek_session_batch" if plan.dry_run else "retention/claim_session_batch"
         )
         self._act = sql.load(_COUNT_SQL[table] if plan.dry_run else _DELETE_SQL[table])
 
     def run(self, conns: Sequence[psycopg.Connection]) -> None:
-        threads = [
-            threading.Thread(
-                target=self._side_loop,
-                # a thread starts with an empty context: its batch spans join the step's span
-                args=(conn, otel_context.get_current()),
-                name=f"activity-retention-{self.table}-{number}",
-                daemon=True,
-            )
-            for number, conn in enumerate(conns[1:], start=2)
-        ]
-        for thread in threads:
-            thread.start()
+        parent = otel_context.get_current()  # side lanes' batch spans join the step's span
+        lanes = [lambda lane, conn=conn: self._lane(lane, conn, parent) for conn in conns]
+        run_lanes(
+            lanes,
+            stop=self.stop,
+            deadline=self.deadline,
+            grace_seconds=STOP_GRACE_SECONDS,
+        )
+
+    def abort(self) -> None:
+        self._aborted.set()
+
+    def _lane(self, lane: Lane, conn: psycopg.Connection, parent: otel_context.Context) -> None:
+        if lane.index:
+            otel_context.attach(parent)  # this thread's own context, gone with the thread
+        lane.on_cancel(self.abort)  # first: a batch that has not committed now rolls back
+        # interrupts this loop's statement in flight (a cancel that cannot get through gives
+        # up after CANCEL_TIMEOUT_SECONDS instead of psycopg's default 30 s)
+        lane.on_cancel(functools.partial(conn.cancel_safe, timeout=CANCEL_TIMEOUT_SECONDS))
         try:
-            self._loop(conns[0])
-        except BaseException as exc:
-            self._errors.insert(0, exc)
-            self.halt.set("a batch loop failed")
-        finally:
-            for thread in threads:
-                thread.join()
-        if self._errors:
-            raise self._errors[0]
+            while (batch := self._claim(lane, conn)) is not None:
+                attributes = {"pin.batch.index": batch.index, "pin.table": self.table}
+                with self.telemetry.span(f"{JOB} batch", attributes) as span:
+                    self._act_on(conn, batch, span)
+        except BaseException:
+            _end_interrupted(conn)
+            raise
 
-    def _side_loop(self, conn: psycopg.Connection, parent: otel_context.Context) -> None:
-        otel_context.attach(parent)  # this thread's own context, gone with the thread
-        try:
-            self._loop(conn)
-        except BaseException as exc:  # raised on the caller's thread once every loop stopped
-            self._errors.append(exc)
-            self.halt.set("a batch loop failed")
+    def _acquire(self, lane: Lane) -> bool:
+        """The claim lock, or False once the crew stopped (never an unbounded wait: the
+        holder's statement is itself cancelled by the crew's stop)."""
+        while not self._claim_lock.acquire(timeout=0.05):
+            if self._aborted.is_set():
+                return False
+        return True
 
-    def _loop(self, conn: psycopg.Connection) -> None:
-        while (batch := self._claim(conn)) is not None:
-            attributes = {"pin.batch.index": batch.index, "pin.table": self.table}
-            with self.telemetry.span(f"{JOB} batch", attributes) as span:
-                self._act_on(conn, batch, span)
-
-    def _claim(self, conn: psycopg.Connection) -> _Batch | None:
+    def _claim(self, lane: Lane, conn: psycopg.Connection) -> _Batch | None:
         """The next batch (its sessions row-locked in ``conn``'s open transaction), or None
         when a bound, a stop, a failure or the end of the set says so."""
-        with self._lock:
-            if self._drained:
-                return None
-            if self.halt.is_set():  # the run's stop (or a failed loop: raised by run())
-                if self.stop.is_set() and self.stop_reason is StopReason.DRAINED:
-                    self.stop_reason = StopReason.CANCELLED
-                return None
-            if self.claimed >= self.plan.max_batches_per_run:
-                self.stop_reason = StopReason.MAX_BATCHES
-                return None
-            if self.claimed and self.clock() - self._started >= self.max_duration_seconds:
-                self.stop_reason = StopReason.MAX_DURATION
+        if not self._acquire(lane):
+            return None
+        try:
+            if self._must_stop(lane):
                 return None
             index = self.claimed
             try:
-                count, ids, first, last_ended_at, last_id = conn.execute(
+                _, count, ids, first, last_ended_at, last_id = conn.execute(
                     self._select,
                     {
                         "cutoff": self.plan.cutoff,
                         "after_ended_at": self.after_ended_at,
                         "after_id": self.after_id,
+                        "until_ended_at": self.until_ended_at,
+                        "until_id": self.until_id,
                         "batch_size": self.plan.batch_size,
                     },
                 ).fetchone()
             except psycopg.Error as exc:
+                if self._aborted.is_set():  # cancelled because a sibling failed
+                    return None
                 self._fail(conn, index, None, exc)
             if not count:
                 conn.rollback()
                 self._drained = True
+                self._end_of_range()
                 return None
             self.claimed += 1
             self.after_ended_at, self.after_id = last_ended_at, last_id
+            self.last_ended_at = last_ended_at
             if count < self.plan.batch_size:
-                self._drained = True  # a short batch: nothing more is eligible
+                self._drained = True  # a short batch: nothing more in this step's range
+                self._end_of_range()
             return _Batch(index, ids, count, first, last_id)
+        finally:
+            self._claim_lock.release()
+
+    def _must_stop(self, lane: Lane) -> bool:
+        """Whether claiming ends here (called under the claim lock); records why."""
+        if self._drained or self._aborted.is_set():
+            return True
+        if lane.stop.is_set():  # the run's stop (SIGTERM); a failed loop raises anyway
+            if self.stop.is_set() and self.stop_reason is StopReason.DRAINED:
+                self.stop_reason = StopReason.CANCELLED
+            return True
+        if self.claimed >= self.plan.max_batches_per_run:
+            self.stop_reason = StopReason.MAX_BATCHES
+            return True
+        if self.claimed and self.deadline.expired():
+            self.stop_reason = StopReason.MAX_DURATION
+            return True
+        return False
+
+    def _end_of_range(self) -> None:
+        # the walk ran into the end of the range an earlier, bounded step covered: this step
+        # is bounded by the same bound (HasMore), not drained
+        if self.until_ended_at != _KEY_END[0] and self.stop_reason is StopReason.DRAINED:
+            self.stop_reason = self._bounded_by
 
     def _act_on(self, conn: psycopg.Connection, batch: _Batch, span: Span) -> None:
-        index = batch.index
         try:
             cur = conn.execute(self._act, {"session_ids": batch.ids, "cutoff": self.plan.cutoff})
             affected = cur.fetchone()[0] if self.plan.dry_run else cur.rowcount
+            if self._aborted.is_set():  # a sibling failed: this batch must not commit
+                conn.rollback()
+                self._rolled_back(span, batch)
+                return
+            if self.plan.dry_run:
+                conn.rollback()
+            else:
+                conn.commit()
         except psycopg.Error as exc:
-            self._fail(conn, index, batch, exc)
-        with self._turn:
-            # Commits go in batch order: the committed batches are always a prefix of the
-            # walk, as with one loop (a failure at batch N leaves exactly 0..N-1 committed).
-            self._turn.wait_for(lambda: self._settled == index or self._failed_before(index))
-            if self._failed_before(index) or (
-                self._cancel_from is not None and index >= self._cancel_from
-            ):
-                # One loop would not have started this batch: an earlier one failed, or the
-                # stop came before the batch ahead of it was done.
+            if self._aborted.is_set():  # cancelled on the server because a sibling failed
                 with contextlib.suppress(psycopg.Error):
                     conn.rollback()
-                if not self._failed_before(index):
-                    self._settled += 1
-                    self.stop_reason = StopReason.CANCELLED
-                self._turn.notify_all()
-                if span.is_recording():
-                    span.set_attributes(
-                        {"pin.batch.sessions": batch.count, "pin.batch.outcome": "rolled_back"}
-                    )
+                self._rolled_back(span, batch)
                 return
-            try:
-                if self.plan.dry_run:
-                    conn.rollback()
-                else:
-                    conn.commit()
-            except psycopg.Error as exc:
-                self._fail(conn, index, batch, exc)
+            self._fail(conn, batch.index, batch, exc)
+        with self._count_lock:
             self.rows += affected
             self.batches += 1
-            if not self.plan.dry_run:
-                self.telemetry.metrics.incr(DELETED_METRIC[self.table], affected)
+        if not self.plan.dry_run:
+            self.telemetry.metrics.incr(DELETED_METRIC[self.table], affected)
+            if self.table == "sessions":  # a session batch is done when its sessions are
                 self.telemetry.metrics.incr(M_BATCHES)
-            self._settled += 1
-            if self.stop.is_set() and self._cancel_from is None:
-                self._cancel_from = index + 1  # batches after this one roll back
-            self._turn.notify_all()
         self.telemetry.log.debug(
             "batch",
             table=self.table,
-            batch_index=index,
+            batch_index=batch.index,
             sessions=batch.count,
             rows=affected,
             dry_run=self.plan.dry_run,
@@ -658,20 +824,27 @@ class _Walk:
                 }
             )
 
-    def _failed_before(self, index: int) -> bool:
-        return self._failed_at is not None and self._failed_at < index
+    def _rolled_back(self, span: Span, batch: _Batch) -> None:
+        self.telemetry.log.warning(
+            "batch_rolled_back",
+            table=self.table,
+            batch_index=batch.index,
+            reason="another batch loop failed",
+            **batch.log_ids(),
+        )
+        if span.is_recording():
+            span.set_attributes(
+                {"pin.batch.sessions": batch.count, "pin.batch.outcome": "rolled_back"}
+            )
 
     def _fail(
         self, conn: psycopg.Connection, index: int, batch: _Batch | None, exc: psycopg.Error
     ) -> None:
-        with self._turn:
-            self._failed_at = index if self._failed_at is None else min(self._failed_at, index)
-            self.halt.set("a batch loop failed")
-            self._turn.notify_all()
+        self.abort()  # before anything else: no sibling commits after this
         # If the connection is gone, the server has rolled the batch back already.
         with contextlib.suppress(psycopg.Error):
             conn.rollback()
-        batch_ids = batch.log_ids() if batch is not None else {}
+        batch_ids: dict[str, Any] = batch.log_ids() if batch is not None else {}
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         self.telemetry.log.error(
             "batch_failed",
@@ -735,7 +908,8 @@ def _report(
             "property_object_views", StepResult("property_object_views")
         ).rows,
         deleted_action_events=by_table.get("action_events", StepResult("action_events")).rows,
-        batches_processed=sum(s.batches for s in steps),
+        batches_processed=by_table.get("sessions", StepResult("sessions")).batches,
+        batches_by_table={s.table: s.batches for s in steps},
         has_more=any(s.has_more for s in steps),
         dry_run=plan.dry_run,
         steps=tuple(steps),
@@ -766,7 +940,8 @@ def run(
     *,
     dry_run: bool = False,
 ) -> RetentionResult:
-    """One whole run in one process: prepare, the three delete steps under one lock, report."""
+    """One whole run in one process: prepare, the three delete steps (each under the job's
+    lock, as in the DAG), report."""
     with telemetry.run_span(f"{JOB} run"):
         return _run(connect, config, telemetry, stop, dry_run=dry_run)
 
@@ -780,17 +955,27 @@ def _run(
     dry_run: bool,
 ) -> RetentionResult:
     plan = prepare(connect, config, telemetry, dry_run=dry_run)
-    if dry_run:
-        steps = [delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES]
-        return report(plan, steps, telemetry)
-    ttl = plan.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
-    with advisory_lock(connect, LOCK_NAME, ttl) as held:
-        if not held:
-            _lock_busy(connect, LOCK_NAME, plan, telemetry, "all")
-            steps = [StepResult(table=t, lock_skipped=True) for t in TABLES]
-        else:
-            steps = [delete_step(connect, plan, t, telemetry, stop, lock_name=None) for t in TABLES]
-    return report(plan, steps, telemetry)
+    # Each step takes the lock for itself, as the DAG's tasks do (one lock connection per
+    # step, never one held across steps while another step opens connections).
+    lock_name = None if dry_run else LOCK_NAME
+    return report(plan, _chain(connect, plan, telemetry, stop, lock_name), telemetry)
+
+
+def _chain(
+    connect: Connect,
+    plan: RunPlan,
+    telemetry: Telemetry,
+    stop: StopSignal,
+    lock_name: str | None,
+) -> list[StepResult]:
+    """The three delete steps in FK order, each covering what the one before it covered."""
+    steps: list[StepResult] = []
+    for table in TABLES:
+        after = steps[-1] if steps else None
+        steps.append(
+            delete_step(connect, plan, table, telemetry, stop, lock_name=lock_name, after=after)
+        )
+    return steps
 
 
 # --------------------------------------------------------------------------------------------
@@ -819,7 +1004,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         statement_timeout_ms=SESSION_SETTINGS.statement_timeout_ms,
         lock_timeout_ms=args.lock_timeout_ms,
         application_name=SESSION_SETTINGS.application_name,
-        synchronous_commit=SESSION_SETTINGS.synchronous_commit,
     )
     connect = configured(lambda: psycopg.connect(args.db_url), settings)
     log = JobLog(JOB, args.run_id)
@@ -833,6 +1017,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     except BatchFailed as exc:
         print(f"BatchFailed: {exc}", file=sys.stderr)
+        return 1
+    except PoolTooSmall as exc:
+        print(f"PoolTooSmall: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(result.as_dict()))
     return 0

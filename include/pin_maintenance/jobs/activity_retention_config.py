@@ -32,17 +32,19 @@ CONFIG = ConfigSpec(
             minimum=1,
             maximum=8,
             help=(
-                "Batch loops per delete task, one connection each. They take the task's batches "
-                "in keyset order one after the other (the same batches one loop would take), "
-                "delete them side by side and commit them in batch order; 1 = one loop. Three: "
-                "while one loop waits for its turn to commit, two others delete."
+                "Independent batch loops per delete task, one connection each: each claims "
+                "the next batch (FOR UPDATE SKIP LOCKED), deletes and commits it on its own; "
+                "1 = one loop. A task holds up to 1 + runners server connections at once."
             ),
         ),
         Setting(
             "max_batches_per_run",
             200,
             minimum=1,
-            help="Upper bound of batches per delete task; the rest waits for the next run.",
+            help=(
+                "Upper bound of session batches per run: each delete task claims at most this "
+                "many batches, all its loops together; the rest waits for the next run."
+            ),
         ),
         Setting(
             "max_run_duration_seconds",
@@ -50,7 +52,10 @@ CONFIG = ConfigSpec(
             kind=float,
             minimum=0,
             exclusive_minimum=True,
-            help="Time budget of the whole run, checked between batches.",
+            help=(
+                "Time budget of the whole run, split between the delete tasks (25 / 60 / 100 % "
+                "of the window), checked between batches."
+            ),
         ),
     ),
     extra_params=frozenset({"dry_run"}),

@@ -8,18 +8,22 @@
 -- One row back, not one per session: the batch's ids as one uuid[] literal (the delete takes it
 -- back as is, so the client never parses or re-encodes 5000 uuids), their count, the first id
 -- (for the failure log) and the last key (ended_at, id) the next claim starts after. A batch
--- of no session returns count 0 and nulls.
+-- of no session returns count 0 and nulls. until_*: as in claim_session_batch; the first
+-- column stands where the claim's set_config is.
 with batch as (
   select id, ended_at
   from user_activity.sessions
   where status = 'Inactive'
     and ended_at < %(cutoff)s
     and ended_at >= %(after_ended_at)s
+    and ended_at <= %(until_ended_at)s
     and (ended_at, id) > (%(after_ended_at)s::timestamptz, %(after_id)s::uuid)
+    and (ended_at, id) <= (%(until_ended_at)s::timestamptz, %(until_id)s::uuid)
   order by ended_at, id
   limit %(batch_size)s
 )
-select count(*),
+select null::text,
+       count(*),
        array_agg(id order by ended_at, id)::text,
        (array_agg(id order by ended_at, id))[1],
        max(ended_at),
