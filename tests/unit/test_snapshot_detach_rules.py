@@ -119,6 +119,7 @@ def test_config_defaults_match_design():
         "detach_concurrency": 32,
         "detach_concurrency_min": 1,
         "breaker_failure_threshold": 5,
+        "misroute_quarantine_limit": 5,
     }
 
 
