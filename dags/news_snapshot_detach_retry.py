@@ -89,11 +89,13 @@ NEWS_DB_CONN_ID = "news_db"
     doc_md=__doc__,
     # SLA: deadline_missed alert when a run is late; tune with Variable <dag_id>_deadline_seconds
     deadline=deadline_alert("news_snapshot_detach_retry"),
+    # backstop above the 10-min deadline: two tries of the 10-min execution_timeout + retry_delay
+    dagrun_timeout=timedelta(minutes=25),
 )
 def news_snapshot_detach_retry():
-    # The run stops starting batches after max_run_duration_seconds (default 240 s); the
-    # timeout only catches a hung worker.
-    @task(execution_timeout=timedelta(minutes=30), multiple_outputs=False)
+    # A run ends within max_run_duration_seconds + detach_call_timeout_seconds + 5 s (default
+    # 250 s, issue 27); the timeout only catches a hung worker.
+    @task(execution_timeout=timedelta(minutes=10), multiple_outputs=False)
     def detach_pending_snapshots() -> dict:
         """Claim due outbox rows, call selections detach, record each outcome (bounded run)."""
         from airflow.sdk import get_current_context

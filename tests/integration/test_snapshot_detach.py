@@ -81,7 +81,7 @@ def test_successful_detach_marks_done_and_reports(db, service, caplog):
     lines = [
         r.getMessage() for r in caplog.records if "job=news_snapshot_detach_retry" in r.getMessage()
     ]
-    for event in ("job_started", "batch_claimed", "entry_detached", "job_completed"):
+    for event in ("job_started", "batch_claimed", "entries_detached", "job_completed"):
         assert any(f"event={event}" in line for line in lines), event
     assert all("run_id=run_success" in line for line in lines)
     completed = next(line for line in lines if "event=job_completed" in line)
@@ -332,7 +332,7 @@ def test_other_4xx_quarantines_at_once(db, service):
     service.script(entry.snapshot_id, "bad_request")
     run_job(db, service)
     row = rows(db)[entry.snapshot_id]
-    assert (row.status, row.last_error) == ("Quarantined", "HttpClientError 400")
+    assert (row.status, row.last_error) == ("Quarantined", "HttpBadRequest 400")
 
 
 def test_429_honours_a_longer_retry_after(db, service):

@@ -60,8 +60,15 @@ MAX = 12
         ),
         (CallOutcome(404), 1, Verdict.QUARANTINE, "HttpNotFound 404"),
         (CallOutcome(410), 1, Verdict.QUARANTINE, "HttpGone 410"),
-        (CallOutcome(400), 1, Verdict.QUARANTINE, "HttpClientError 400"),
-        (CallOutcome(422), 1, Verdict.QUARANTINE, "HttpClientError 422"),
+        # issue 26: which 4xx are permanent (quarantine at once), which are transient
+        (CallOutcome(400), 1, Verdict.QUARANTINE, "HttpBadRequest 400"),
+        (CallOutcome(422), 1, Verdict.QUARANTINE, "HttpUnprocessable 422"),
+        (CallOutcome(409), 1, Verdict.RETRY, "HttpConflict 409"),
+        (CallOutcome(423), 1, Verdict.RETRY, "HttpLocked 423"),
+        (CallOutcome(425), 1, Verdict.RETRY, "HttpTooEarly 425"),
+        (CallOutcome(405), 1, Verdict.RETRY, "HttpClientError 405"),
+        (CallOutcome(418), 1, Verdict.RETRY, "HttpClientError 418"),
+        (CallOutcome(409), 12, Verdict.QUARANTINE, "HttpConflict 409; max_attempts 12 reached"),
         (CallOutcome(401), 1, Verdict.AUTH_FAILED, "HttpUnauthorized 401"),
         (CallOutcome(403), 12, Verdict.AUTH_FAILED, "HttpForbidden 403"),
         (None, 5, Verdict.NOT_CALLED, None),
@@ -71,6 +78,21 @@ def test_classify(outcome, attempts, verdict, error):
     decision = classify(outcome, attempts, MAX)
     assert decision.verdict is verdict
     assert decision.error == error
+
+
+PERMANENT_4XX = {400, 404, 410, 422}
+AUTH_4XX = {401, 403}
+
+
+@pytest.mark.parametrize("code", range(400, 500))
+def test_every_4xx_is_permanent_auth_or_transient_by_the_table(code):
+    verdict = classify(CallOutcome(code), 1, MAX).verdict
+    if code in PERMANENT_4XX:
+        assert verdict is Verdict.QUARANTINE
+    elif code in AUTH_4XX:
+        assert verdict is Verdict.AUTH_FAILED
+    else:
+        assert verdict is Verdict.RETRY
 
 
 def test_retry_after_is_carried_for_429_and_503_only():

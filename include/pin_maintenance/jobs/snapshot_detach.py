@@ -19,13 +19,17 @@ One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-sna
    answer                                    outcome
    ========================================  ==========================================
    2xx (incl. already detached)              ``Done``, ``last_error = null``
-   5xx, 408, 425, timeout, connection error  stays ``Pending`` (backoff set at claim)
+   5xx, 408, 409, 423, 425, other 4xx,      stays ``Pending`` (backoff set at claim)
+   timeout, connection error
    429                                       as 5xx; ``Retry-After`` pushes
                                              ``next_attempt_at`` further when longer
    transient and ``attempts >= max_attempts``  ``Quarantined`` + alert
    404, 410                                  ``Quarantined`` at once + alert (selections
-                                             keeps snapshots forever: unknown = permanent)
-   other 4xx (400, 409, 422, ...)            ``Quarantined`` at once + alert: the same
+                                             keeps snapshots forever: unknown = permanent),
+                                             except a 404 past ``misroute_quarantine_limit``
+                                             in a run without a 2xx: attempt given back,
+                                             calls stop, ``selections_misrouted`` (critical)
+   400, 422                                  ``Quarantined`` at once + alert: the same
                                              request gets the same answer; fix, then requeue
    401, 403                                  ``selections_auth_failed`` (critical); no more
                                              calls this run (circuit breaker); the attempt
@@ -169,8 +173,23 @@ class Decision:
         return self.verdict in failed and self.error != "UnknownReason"
 
 
-_PERMANENT_NAMES = {404: "HttpNotFound", 410: "HttpGone"}
-_TRANSIENT_4XX = {408: "HttpRequestTimeout", 425: "HttpTooEarly", 429: "HttpTooManyRequests"}
+# Which 4xx are permanent (issue 26, docs/design/detach.md): the snapshot is unknown or gone,
+# or the request itself is refused (the same request gets the same answer). Every other 4xx
+# (409, 423, 405, 418, ...) is transient: it says nothing definite about the row, a retry is
+# free (detach is idempotent) and max_attempts still quarantines a row that never resolves.
+_PERMANENT_NAMES = {
+    400: "HttpBadRequest",
+    404: "HttpNotFound",
+    410: "HttpGone",
+    422: "HttpUnprocessable",
+}
+_TRANSIENT_4XX = {
+    408: "HttpRequestTimeout",
+    409: "HttpConflict",
+    423: "HttpLocked",
+    425: "HttpTooEarly",
+    429: "HttpTooManyRequests",
+}
 _AUTH_NAMES = {401: "HttpUnauthorized", 403: "HttpForbidden"}
 
 
@@ -215,7 +234,7 @@ def _classify_answer(outcome: CallOutcome | None) -> tuple[Decision | None, Deci
         suffix = f" retry_after={ra:g}s" if ra is not None else ""
         transient = Decision(Verdict.RETRY, f"{name} {code}{suffix}", ra)
     elif 400 <= code < 500:
-        final = Decision(Verdict.QUARANTINE, f"HttpClientError {code}")
+        transient = Decision(Verdict.RETRY, f"HttpClientError {code}")
     elif 500 <= code < 600:
         transient = Decision(Verdict.RETRY, f"HttpServerError {code}")
     else:
@@ -925,9 +944,12 @@ class _Run:
                         snapshot_id=plan.row.snapshot_id,
                         error=type(row_exc).__name__,
                     )
+        detached: list[_Applied] = []
         for plan in plans:
             if plan.row.id in applied:
                 self._report(plan, now)
+                if plan.decision.verdict is Verdict.DONE:
+                    detached.append(plan)
             else:
                 self.result.superseded += 1
                 self.log.warning(
@@ -936,6 +958,16 @@ class _Run:
                     attempts=plan.row.attempts,
                     outcome=plan.decision.verdict,
                 )
+        if detached:
+            # one line per batch, not per row (issue 27: under Airflow every line crosses the
+            # task supervisor; 100 lines per batch cost a third of the throughput)
+            self.t.metrics.incr(Metric.SUCCEEDED, len(detached))
+            self.log.info(
+                "entries_detached",
+                count=len(detached),
+                snapshot_ids=",".join(p.row.snapshot_id for p in detached),
+                attempts=",".join(str(p.row.attempts) for p in detached),
+            )
 
     def _write(self, conn: psycopg.Connection, plans: Iterable[_Applied], now: datetime) -> set:
         plans = list(plans)
@@ -963,10 +995,9 @@ class _Run:
             m.incr(Metric.FAILED)
         v = decision.verdict
         if v is Verdict.DONE:
-            self.result.succeeded += 1
-            m.incr(Metric.SUCCEEDED)
+            self.result.succeeded += 1  # counted and logged per batch by _record
             m.timing(Metric.LAG, max(now - row.created_at, timedelta(0)))
-            self.log.info("entry_detached", snapshot_id=row.snapshot_id, attempts=row.attempts)
+            self.log.debug("entry_detached", snapshot_id=row.snapshot_id, attempts=row.attempts)
         elif v is Verdict.RETRY:
             self.result.retried += 1
             m.incr(Metric.RETRIED)
