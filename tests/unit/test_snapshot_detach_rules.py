@@ -219,3 +219,17 @@ def test_requeue_choice_all():
 def test_requeue_choice_refusals(ids, all_q, message):
     with pytest.raises(RequeueRequestError, match=message):
         parse_choice(ids, all_q)
+
+
+def test_pg_array_literals():
+    from datetime import UTC, datetime
+
+    from include.pin_maintenance.jobs.snapshot_detach import pg_array
+
+    when = datetime(2026, 12, 1, 22, 6, 12, 123456, tzinfo=UTC)
+    assert pg_array([]) == "{}"
+    assert pg_array([1, 12]) == "{1,12}"
+    assert pg_array([True, False]) == "{t,f}"
+    assert pg_array([None, "HttpNotFound 404"]) == '{NULL,"HttpNotFound 404"}'
+    assert pg_array(['a"b\\c']) == '{"a\\"b\\\\c"}'
+    assert pg_array([when]) == '{"2026-12-01T22:06:12.123456+00:00"}'
