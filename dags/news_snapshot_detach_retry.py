@@ -33,16 +33,17 @@ timeouts), `breaker_failure_threshold` (5: failed calls in a row that stop calli
 run), `misroute_quarantine_limit` (5: 404s quarantined in a run before any 2xx), `dry_run`
 (report how many rows are due; call nothing, write nothing).
 
-**Outcomes.** 2xx -> Done. 5xx / 408 / 409 / 423 / 425 / 429 / other 4xx / timeout /
-connection error -> stays Pending (429 and 503 honour `Retry-After`); on attempt `max_attempts`
--> Quarantined. 400, 404, 410, 422 -> Quarantined at once (at most 20 alerts per run, then a
+**Outcomes.** 2xx -> Done. 5xx / 408 / 409 / 423 / 425 / 429 / other 4xx / timeout / connection
+error -> stays Pending (429 and 503 honour `Retry-After`); on attempt `max_attempts` ->
+Quarantined. 400, 404, 410, 422 -> Quarantined at once (at most 20 alerts per run, then a
 summary). 404s with no 2xx in the run past `misroute_quarantine_limit` -> critical alert
-`selections_misrouted`, calls stop for the run, no further row loses an attempt. 401/403 -> critical alert `selections_auth_failed`, calls stop
-for the run and no row loses an attempt. `breaker_failure_threshold` failed calls in a row
-(selections down) -> warning alert `selections_unavailable`, calls stop for the run, and those
-calls and every row not called cost no attempt (an outage never quarantines); the next run
-probes again with a few calls. Unknown `reason` -> Quarantined (`UnknownReason`) without a
-call. Rows with an unknown status are never selected.
+`selections_misrouted`, calls stop for the run, no further row loses an attempt. 401/403 ->
+critical alert `selections_auth_failed`, calls stop for the run and no row loses an attempt.
+`breaker_failure_threshold` failed calls in a row (selections down) -> warning alert
+`selections_unavailable`, calls stop for the run, and those calls and every row not called cost
+no attempt (an outage never quarantines); the next run probes again with a few calls. Unknown
+`reason` -> Quarantined (`UnknownReason`) without a call. Rows with an unknown status are never
+selected.
 
 **Runbook.**
 - *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
