@@ -241,3 +241,31 @@ def test_gate_stop_signal_wakes_waiting_calls():
     stop.set()
     waiter.join(2)
     assert got == [None]
+
+
+def test_an_overshoot_burst_of_refusals_does_not_open_the_breaker():
+    # 9 calls in flight against a service serving 4: the 5 refusals come back at once
+    gate = CallGate(9, 32, 3, deadline=Deadline(60), stopped=lambda: False)
+    tickets = [gate.acquire() for _ in range(9)]
+    for i, ticket in enumerate(tickets[:5]):
+        gate.release(ticket, f"r{i}", CallOutcome(503))
+    assert not gate.is_open  # one cut, one congestion event
+    assert gate.limit.cuts == 1
+    for i, ticket in enumerate(tickets[5:]):
+        gate.release(ticket, f"ok{i}", CallOutcome(200))
+    # a real outage still opens it: each call after a cut fails again
+    for i in range(3):
+        ticket = gate.acquire()
+        gate.release(ticket, f"o{i}", CallOutcome(503))
+    assert gate.is_open
+
+
+def test_stale_failures_of_a_streak_that_opens_are_given_back_too():
+    gate = CallGate(4, 32, 2, deadline=Deadline(60), stopped=lambda: False)
+    tickets = [gate.acquire() for _ in range(4)]
+    for i, ticket in enumerate(tickets):
+        gate.release(ticket, f"s{i}", CallOutcome(503))  # one cut, three stale
+    ticket = gate.acquire()
+    gate.release(ticket, "next", CallOutcome(503))  # started after the cut: counts
+    assert gate.is_open
+    assert all(gate.outage_row(r) for r in ("s0", "s1", "s2", "s3", "next"))

@@ -64,6 +64,13 @@ The outage breaker keeps no state between runs: each run starts half-open, with
 and after recovery the first run drains the backlog. ``breaker_open_total`` counts runs whose
 breaker opened; ``concurrency_limit`` is the adaptive limit at the end of a run.
 
+Run bound (issue 27, ``docs/design/detach.md``): a run ends within
+``max_run_duration_seconds + detach_call_timeout_seconds + RUN_MARGIN_SECONDS`` (5 s). The run
+has one :class:`~include.pin_maintenance.parallel.Deadline` at ``max_run_duration_seconds +
+detach_call_timeout_seconds``; no batch is claimed and no call started once it no longer allows
+a whole call, every wait takes its timeout from it, and claimed rows not called are given back.
+Alerts go out on their own thread (:class:`AsyncAlerts`), flushed within the margin.
+
 Cancellation (stop signal) is honoured between rows: calls not yet started are given back,
 the batch's outcome transaction commits, then :class:`JobCancelled` is raised. A worker
 exception on one row is logged and recorded as a transient error of that row. When the batch

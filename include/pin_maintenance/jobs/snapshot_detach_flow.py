@@ -32,15 +32,20 @@ Two rules sit between the job's worker threads and the selections service:
   ``misroute_quarantine_limit`` 404s quarantine their rows as usual; the next 404 says the
   route, not the snapshots, is wrong. Calls stop for the run, and that 404 and every later
   one are the misroute's evidence: their rows get their attempt back.
-- **Circuit breaker** (systemic failure): ``breaker_failure_threshold`` consecutive failed
-  calls (transport error, timeout, any 5xx) open it; any other answer (2xx, 4xx, 429) resets
-  the count, so scattered 503s among successes never open it. Once open, no call starts for
-  the rest of the run. The calls whose failures opened it, and those already in flight that
-  fail after it, are the outage's evidence, not the rows' fault: the job gives their attempt
-  back (see ``snapshot_detach``). Nothing is remembered between runs (no job state outside the
-  outbox): every run starts half-open, with ``detach_concurrency_min`` calls in flight, so a
-  run during an outage makes at most ``breaker_failure_threshold + detach_concurrency_min - 1``
-  calls before it stops, and the first run after recovery drains the backlog.
+- **Circuit breaker** (systemic failure): ``breaker_failure_threshold`` consecutive failed calls
+  (transport error, timeout, any 5xx) open it; any other answer (2xx, 4xx, 429) resets the
+  count, so scattered 503s among successes never open it. A failure of a call that started
+  before the limit's last cut is part of the congestion event that cut already answered (the
+  burst of refusals after an overshoot) and does not count towards the threshold (with the
+  median baseline the limit grows fast enough to overshoot a fixed capacity by more than the
+  threshold); if the breaker does open, those rows are given back with the streak's. Once open,
+  no call starts for the rest of the run. The calls whose failures opened it, and those already
+  in flight that fail after it, are the outage's evidence, not the rows' fault: the job gives
+  their attempt back (see ``snapshot_detach``). Nothing is remembered between runs (no job state
+  outside the outbox): every run starts half-open, with ``detach_concurrency_min`` calls in
+  flight, so a run during an outage makes at most ``breaker_failure_threshold +
+  detach_concurrency_min - 1`` calls before it stops, and the first run after recovery drains
+  the backlog.
 
 :class:`CallGate` is the thread-safe part the worker threads go through; the rules themselves
 (:func:`call_signal`, :class:`AdaptiveLimit`, :class:`Breaker`) are plain objects without
@@ -173,11 +178,16 @@ class Breaker:
     threshold: int
     is_open: bool = False
     streak: list[str] = field(default_factory=list)  # row ids of the current failure streak
+    stale_rows: list[str] = field(default_factory=list)  # failures in it that did not count
     outage_rows: set[str] = field(default_factory=set)
     failures_at_open: int = 0
 
-    def record(self, row_id: str, signal: Signal) -> bool:
-        """Count one finished call; True when this call opened the breaker."""
+    def record(self, row_id: str, signal: Signal, *, stale: bool = False) -> bool:
+        """Count one finished call; True when this call opened the breaker.
+
+        ``stale``: the call started before the limit's last cut; its failure joins the streak's
+        rows (given back if the breaker opens) without counting towards the threshold.
+        """
         counted = counts_for_breaker(signal)
         if self.is_open:
             if counted:
@@ -187,6 +197,10 @@ class Breaker:
             return False
         if not counted:
             self.streak.clear()
+            self.stale_rows.clear()
+            return False
+        if stale:
+            self.stale_rows.append(row_id)
             return False
         self.streak.append(row_id)
         if len(self.streak) < self.threshold:
@@ -194,6 +208,7 @@ class Breaker:
         self.is_open = True
         self.failures_at_open = len(self.streak)
         self.outage_rows.update(self.streak)
+        self.outage_rows.update(self.stale_rows)
         return True
 
 
@@ -343,8 +358,9 @@ class CallGate:
             signal = call_signal(outcome)
             if signal is Signal.HEALTHY:
                 self.limit.on_healthy(now - ticket.started)
-            elif signal in (Signal.THROTTLED, Signal.OVERLOADED):
-                self.limit.on_congestion(ticket.epoch)
+            cut = False
+            if signal in (Signal.THROTTLED, Signal.OVERLOADED):
+                cut = self.limit.on_congestion(ticket.epoch)
             if outcome.status_code in (429, 503):
                 self.stats.throttled += 1
                 wait = outcome.retry_after_seconds
@@ -355,7 +371,11 @@ class CallGate:
                     if until > self._paused_until:
                         self.stats.paused_seconds += until - max(self._paused_until, now)
                         self._paused_until = until
-            opened = self.breaker.record(row_id, signal)
+            # A failure of a call that started before a cut the limit has already made (an
+            # overshoot's burst of refusals, answered at once) is that cut's congestion event,
+            # not more evidence of an outage: it neither extends nor resets the streak.
+            stale = not cut and ticket.epoch < self.limit.epoch
+            opened = self.breaker.record(row_id, signal, stale=stale)
             if self.misroute.record(row_id, outcome):
                 self.stats.misrouted_at_call = self.stats.calls
             self._cond.notify_all()
