@@ -233,3 +233,21 @@ def test_pg_array_literals():
     assert pg_array([None, "HttpNotFound 404"]) == '{NULL,"HttpNotFound 404"}'
     assert pg_array(['a"b\\c']) == '{"a\\"b\\\\c"}'
     assert pg_array([when]) == '{"2026-12-01T22:06:12.123456+00:00"}'
+
+
+@pytest.mark.parametrize(
+    ("overrides", "ok"),
+    [
+        ({}, True),  # 360 > 240 + 5 + 5
+        ({"lock_ttl_seconds": 250}, False),  # not above the worst-case run
+        ({"lock_ttl_seconds": 250.5}, True),
+        ({"detach_call_timeout_seconds": 120}, False),  # 240 + 120 + 5 > 360
+        ({"max_run_duration_seconds": 15, "lock_ttl_seconds": 45}, True),  # the case
+    ],
+)
+def test_the_lease_must_exceed_the_worst_case_run(overrides, ok):
+    if ok:
+        CONFIG.resolve(None, overrides)
+    else:
+        with pytest.raises(ConfigError, match=r"lock_ttl_seconds.*worst-case run"):
+            CONFIG.resolve(None, overrides)
