@@ -15,6 +15,7 @@ from tests.integration.snapshot_detach_fixtures import insert_entries, rows
 pytestmark = pytest.mark.dags
 
 RETRY = "news_snapshot_detach_retry"
+PROCESS_TIMEOUT = 900  # airflow dags test start-up took up to 300 s on a shared 2-core machine
 
 
 def _output(done) -> str:
@@ -32,7 +33,11 @@ def test_a_slow_service_ends_the_run_within_its_bound(db, run_dag):
         "lock_ttl_seconds": 30,
     }
     with SelectionsService(latency_fn=lambda n: 0.001 if n == 0 else latency) as svc:
-        done = run_dag(RETRY, db, selections_url=svc.url, variables={RETRY: cfg})
+        # the process may take minutes to start on a loaded machine; the bound is measured on
+        # the run's effects below, not on the process
+        done = run_dag(
+            RETRY, db, selections_url=svc.url, variables={RETRY: cfg}, timeout=PROCESS_TIMEOUT
+        )
         first_call = min(c.at for c in svc.calls)
         calls = len(svc.calls)
     assert done.returncode == 0, _output(done)
@@ -53,7 +58,7 @@ def test_a_misrouted_service_quarantines_a_few_rows_and_pages_once(db, run_dag):
     entries = insert_entries(db, 40)
     with SelectionsService() as svc:
         svc.set_outage("not_found")
-        done = run_dag(RETRY, db, selections_url=svc.url)
+        done = run_dag(RETRY, db, selections_url=svc.url, timeout=PROCESS_TIMEOUT)
     out = _output(done)
     after = rows(db)
     quarantined = sum(after[e.snapshot_id].status == "Quarantined" for e in entries)
