@@ -94,6 +94,8 @@ from include.pin_maintenance.jobs.slot_expiration_config import CONFIG, CONN_ID,
     doc_md=__doc__,
     # SLA: deadline_missed alert when a run is late; tune with Variable <dag_id>_deadline_seconds
     deadline=deadline_alert("calendar_slot_expiration"),
+    # backstop above the 10-min deadline: two tries of the 10-min execution_timeout + retry_delay
+    dagrun_timeout=timedelta(minutes=25),
 )
 def calendar_slot_expiration():
     # A cycle is bounded by max_run_duration_seconds (default 30 s) plus one batch statement

@@ -9,7 +9,10 @@ exponential backoff until it succeeds (`Done`) or the row is poison (`Quarantine
 `snapshot_detach_quarantined`).
 
 **Owner.** PIN Engagement (news). **Schedule.** every 5 minutes, UTC. One run handles due rows
-in batches of `batch_size` until a batch comes back short or `max_run_duration_seconds` passes.
+in batches of `batch_size` until a batch comes back short or `max_run_duration_seconds` passes;
+no call starts after that, so a run ends within `max_run_duration_seconds` +
+`detach_call_timeout_seconds` + 5 s (250 s by default) whatever selections' latency does, and
+claimed rows not called get their attempt back.
 
 **Safe to rerun?** Yes, at any time. A run takes the Postgres advisory lock
 `Pin:lock:job:scheduled:news-snapshot-detach-retry` (busy = skipped, success); rows are claimed
@@ -23,20 +26,24 @@ from login/password, or no login and `{"Authorization": "Bearer <token>"}` in th
 **Params** (empty = Airflow Variable `news_snapshot_detach_retry` (JSON) or the default):
 `batch_size` (100), `max_run_duration_seconds` (240), `max_attempts` (12),
 `backoff_base_seconds` / `backoff_factor` / `backoff_cap_seconds` (60 / 2.0 / 1800),
-`detach_call_timeout_seconds` (5), `lock_ttl_seconds` (360, > max run duration),
+`detach_call_timeout_seconds` (5), `lock_ttl_seconds` (360, > the worst-case run),
 `detach_concurrency` (32, 1..64: most calls in flight), `detach_concurrency_min` (1: calls in
 flight when a run starts; the run grows while answers are healthy and halves on 429 / 503 /
 timeouts), `breaker_failure_threshold` (5: failed calls in a row that stop calling for the
-run), `dry_run` (report how many rows are due; call nothing, write nothing).
+run), `misroute_quarantine_limit` (5: 404s quarantined in a run before any 2xx), `dry_run`
+(report how many rows are due; call nothing, write nothing).
 
-**Outcomes.** 2xx -> Done. 5xx / 408 / 425 / 429 / timeout / connection error -> stays Pending
-(429 and 503 honour `Retry-After`); on attempt `max_attempts` -> Quarantined. 404, 410 and
-other 4xx -> Quarantined at once. 401/403 -> critical alert `selections_auth_failed`, calls stop
-for the run and no row loses an attempt. `breaker_failure_threshold` failed calls in a row
-(selections down) -> warning alert `selections_unavailable`, calls stop for the run, and those
-calls and every row not called cost no attempt (an outage never quarantines); the next run
-probes again with a few calls. Unknown `reason` -> Quarantined (`UnknownReason`) without a
-call. Rows with an unknown status are never selected.
+**Outcomes.** 2xx -> Done. 5xx / 408 / 409 / 423 / 425 / 429 / other 4xx / timeout / connection
+error -> stays Pending (429 and 503 honour `Retry-After`); on attempt `max_attempts` ->
+Quarantined. 400, 404, 410, 422 -> Quarantined at once (at most 20 alerts per run, then a
+summary). 404s with no 2xx in the run past `misroute_quarantine_limit` -> critical alert
+`selections_misrouted`, calls stop for the run, no further row loses an attempt. 401/403 ->
+critical alert `selections_auth_failed`, calls stop for the run and no row loses an attempt.
+`breaker_failure_threshold` failed calls in a row (selections down) -> warning alert
+`selections_unavailable`, calls stop for the run, and those calls and every row not called cost
+no attempt (an outage never quarantines); the next run probes again with a few calls. Unknown
+`reason` -> Quarantined (`UnknownReason`) without a call. Rows with an unknown status are never
+selected.
 
 **Runbook.**
 - *Dry run first*: on an unpaused DAG, trigger it with `dry_run` on (it waits for a running
@@ -53,6 +60,8 @@ call. Rows with an unknown status are never selected.
   first with `dry_run: true`.
 - *selections_auth_failed*: fix the `selections_api` connection's credentials; nothing else to
   do, no attempts were consumed.
+- *selections_misrouted*: fix the `selections_api` base URL / ingress route, then requeue the
+  few rows quarantined before the run stopped (docs/runbooks/snapshot-detach-misrouted.md).
 - *no successful run for 15 min* (`news_snapshot_detach_last_success_timestamp_seconds`): check
   the scheduler, this DAG's recent task logs, and a stuck lock holder
   (`pg_locks` where `locktype = 'advisory'`; the lease ends after `lock_ttl_seconds`).
@@ -89,11 +98,13 @@ NEWS_DB_CONN_ID = "news_db"
     doc_md=__doc__,
     # SLA: deadline_missed alert when a run is late; tune with Variable <dag_id>_deadline_seconds
     deadline=deadline_alert("news_snapshot_detach_retry"),
+    # backstop above the 10-min deadline: two tries of the 10-min execution_timeout + retry_delay
+    dagrun_timeout=timedelta(minutes=25),
 )
 def news_snapshot_detach_retry():
-    # The run stops starting batches after max_run_duration_seconds (default 240 s); the
-    # timeout only catches a hung worker.
-    @task(execution_timeout=timedelta(minutes=30), multiple_outputs=False)
+    # A run ends within max_run_duration_seconds + detach_call_timeout_seconds + 5 s (default
+    # 250 s, issue 27); the timeout only catches a hung worker.
+    @task(execution_timeout=timedelta(minutes=10), multiple_outputs=False)
     def detach_pending_snapshots() -> dict:
         """Claim due outbox rows, call selections detach, record each outcome (bounded run)."""
         from airflow.sdk import get_current_context

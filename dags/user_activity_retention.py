@@ -148,6 +148,8 @@ def _delete(
     doc_md=__doc__,
     # SLA: deadline_missed alert when a run is late; tune with Variable <dag_id>_deadline_seconds
     deadline=deadline_alert("user_activity_retention"),
+    # backstop above the 45-min deadline: a nightly run still going after 6 h is stuck
+    dagrun_timeout=timedelta(hours=6),
 )
 def user_activity_retention() -> None:
     @task(execution_timeout=PREPARE_TIMEOUT, multiple_outputs=False)

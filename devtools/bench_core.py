@@ -556,11 +556,18 @@ class Bench:
             self._airflow_home = home
         return self._airflow_home
 
-    def dags_test(self, dag_id: str, db: pg.Database, variables: dict | None = None) -> Proc:
+    def dags_test(
+        self,
+        dag_id: str,
+        db: pg.Database,
+        variables: dict | None = None,
+        *,
+        selections_url: str | None = None,
+    ) -> Proc:
         env = ae.airflow_env(
             self.airflow_home(),
             job_db_url=db.url,
-            selections_url=self.selections().url,
+            selections_url=selections_url or self.selections().url,
             selections_login=SELECTIONS_LOGIN,
             selections_password=SELECTIONS_PASSWORD,
             variables=variables,

@@ -39,6 +39,7 @@ import argparse
 import base64
 import contextlib
 import json
+import math
 import random
 import re
 import signal
@@ -102,6 +103,9 @@ class SelectionsService:
         overload_retry_after: float | None = None,
         seed: int | None = None,
         known_snapshots: set[str] | None = None,
+        latency_fn: Callable[[int], float] | None = None,
+        latency_sigma: float = 0.0,
+        close_connections: bool = False,
     ) -> None:
         if overload_status not in (429, 503):
             raise ValueError(f"overload_status must be 429 or 503, got {overload_status}")
@@ -110,6 +114,13 @@ class SelectionsService:
         self.login = login
         self.password = password
         self.latency_ms = latency_ms
+        # latency_fn(n) = seconds for the n-th call (0-based), overriding latency_ms; a
+        # latency_sigma > 0 draws lognormal latencies with median latency_ms instead
+        self.latency_fn = latency_fn
+        self.latency_sigma = latency_sigma
+        # one connection per call: every answer carries "Connection: close"
+        self.close_connections = close_connections
+        self._served = 0
         self.failure_rate = failure_rate
         self.slow_seconds = slow_seconds
         self.retry_after_seconds = retry_after_seconds
@@ -243,6 +254,18 @@ class SelectionsService:
             return "error_503"
         return "ok"
 
+    def _latency(self) -> float:
+        with self._lock:
+            n = self._served
+            self._served += 1
+            if self.latency_fn is not None:
+                return self.latency_fn(n)
+            if self.latency_sigma > 0 and self.latency_ms > 0:
+                return self._rng.lognormvariate(
+                    math.log(self.latency_ms / 1000), self.latency_sigma
+                )
+        return self.latency_ms / 1000
+
     def _authorized(self, header: str | None) -> bool:
         if not header or not header.startswith("Basic "):
             return False
@@ -347,8 +370,9 @@ class SelectionsService:
         )
 
         with self._capacity or contextlib.nullcontext():
-            if self.latency_ms:
-                time.sleep(self.latency_ms / 1000)
+            delay = self._latency()
+            if delay > 0:
+                time.sleep(delay)
             if behaviour == "drop":
                 handler.close_connection = True
                 with contextlib.suppress(OSError):
@@ -419,6 +443,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if self.server.service.close_connections:
+            self.send_header("Connection", "close")
+            self.close_connection = True
         for k, v in headers.items():
             self.send_header(k, v)
         self.end_headers()
@@ -469,6 +496,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--overload-retry-after", type=float, default=None, help="Retry-After of a refusal"
     )
+    parser.add_argument(
+        "--latency-sigma",
+        type=float,
+        default=0.0,
+        help="lognormal latency with median --latency-ms and this sigma (0.6: p99 ~4x median)",
+    )
+    parser.add_argument(
+        "--close-connections",
+        action="store_true",
+        help="one connection per call (every answer says Connection: close)",
+    )
     parser.add_argument("--slow-seconds", type=float, default=30.0)
     parser.add_argument("--retry-after-seconds", type=int, default=120)
     parser.add_argument(
@@ -494,6 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         overload_status=args.overload_status,
         overload_retry_after=args.overload_retry_after,
         seed=args.seed,
+        latency_sigma=args.latency_sigma,
+        close_connections=args.close_connections,
     )
     for item in args.script:
         snapshot_id, _, behaviours = item.partition("=")

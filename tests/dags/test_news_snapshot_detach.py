@@ -41,7 +41,8 @@ def test_retry_dag_structure(dagbag):
     assert dag.doc_md and "Runbook" in dag.doc_md
     assert [t.task_id for t in dag.tasks] == ["detach_pending_snapshots"]
     task = dag.tasks[0]
-    assert task.execution_timeout == timedelta(minutes=30)
+    assert task.execution_timeout == timedelta(minutes=10)  # > the worst-case run (250 s)
+    assert dag.dagrun_timeout == timedelta(minutes=25)  # > the 10-min deadline
     expected = {
         "batch_size",
         "max_run_duration_seconds",
@@ -54,6 +55,7 @@ def test_retry_dag_structure(dagbag):
         "detach_concurrency",
         "detach_concurrency_min",
         "breaker_failure_threshold",
+        "misroute_quarantine_limit",
         "dry_run",
     }
     assert set(dag.params.keys()) == expected
@@ -118,7 +120,7 @@ def test_retry_dag_invalid_config_fails_before_any_call(db, run_dag):
             RETRY,
             db,
             selections_url=svc.url,
-            variables={RETRY: {"lock_ttl_seconds": 100}},  # not > max_run_duration 240
+            variables={RETRY: {"lock_ttl_seconds": 245}},  # not > 240 + 5 + 5 s margin
         )
         assert svc.calls == []
     assert done.returncode != 0

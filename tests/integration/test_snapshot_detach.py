@@ -81,7 +81,7 @@ def test_successful_detach_marks_done_and_reports(db, service, caplog):
     lines = [
         r.getMessage() for r in caplog.records if "job=news_snapshot_detach_retry" in r.getMessage()
     ]
-    for event in ("job_started", "batch_claimed", "entry_detached", "job_completed"):
+    for event in ("job_started", "batch_claimed", "entries_detached", "job_completed"):
         assert any(f"event={event}" in line for line in lines), event
     assert all("run_id=run_success" in line for line in lines)
     completed = next(line for line in lines if "event=job_completed" in line)
@@ -215,17 +215,27 @@ def test_busy_lock_skips_the_run_as_success(db, service):
     assert Metric.RUN_DURATION not in telemetry.metrics.timings  # a skip is no run
 
 
-def test_lock_held_past_a_whole_run_raises_lock_held_too_long(db, service):
-    telemetry = make_telemetry()
+def test_lock_held_past_its_lease_raises_lock_held_too_long(db, service):
+    # issue 27: the threshold is the lease, not max_run_duration_seconds: a live run may hold
+    # the lock up to max_run + call timeout + margin, and the lease is above that
+    cfg = config(
+        max_run_duration_seconds=0.1, detach_call_timeout_seconds=0.1, lock_ttl_seconds=5.5
+    )
     with db.connect() as holder:
         holder.execute("select pg_advisory_lock(%s)", (lock_key(LOCK_NAME),))
         holder.commit()
-        time.sleep(1.2)  # longer than the run bound below: the holder is stuck, not running
-        result = run_job(db, service, telemetry=telemetry, cfg=config(max_run_duration_seconds=1))
+        time.sleep(1.2)  # past max_run_duration_seconds, within the lease: a live holder
+        early = make_telemetry()
+        assert not run_job(db, service, telemetry=early, cfg=cfg).lock_acquired
+        time.sleep(4.6)  # past the lease: the holder is stuck, not running
+        telemetry = make_telemetry()
+        result = run_job(db, service, telemetry=telemetry, cfg=cfg)
+    assert [a.name for a in early.alerts.sent] == []
     assert not result.lock_acquired
     [alert] = [a for a in telemetry.alerts.sent if a.name == "lock_held_too_long"]
     assert alert.details["lock"] == LOCK_NAME
-    assert alert.details["held_seconds"] >= 1
+    assert alert.details["held_seconds"] >= 5.5
+    assert alert.details["limit_seconds"] == 5.5
 
 
 def test_busy_lock_within_a_run_bound_raises_no_alert(db, service):
@@ -322,7 +332,7 @@ def test_other_4xx_quarantines_at_once(db, service):
     service.script(entry.snapshot_id, "bad_request")
     run_job(db, service)
     row = rows(db)[entry.snapshot_id]
-    assert (row.status, row.last_error) == ("Quarantined", "HttpClientError 400")
+    assert (row.status, row.last_error) == ("Quarantined", "HttpBadRequest 400")
 
 
 def test_429_honours_a_longer_retry_after(db, service):
@@ -485,15 +495,24 @@ def test_batches_loop_until_a_short_batch(db, service):
 
 def test_max_run_duration_stops_between_batches(db, service):
     insert_entries(db, 25)
-    ticks = iter(range(0, 10_000, 100))  # every clock read = 100 s later
+    service.latency_ms = 150  # one batch of 10 at 4 in flight takes >= 0.45 s
     result = run_job(
         db,
         service,
-        cfg=config(batch_size=10, max_run_duration_seconds=50, lock_ttl_seconds=60),
-        monotonic=lambda: float(next(ticks)),
+        cfg=config(
+            batch_size=10,
+            max_run_duration_seconds=0.3,
+            detach_call_timeout_seconds=1,
+            detach_concurrency=4,
+            detach_concurrency_min=4,
+            lock_ttl_seconds=60,
+        ),
     )
-    assert result.batches == 1 and result.has_more and result.stop_reason == "max_duration"
-    assert sum(r.status == "Done" for r in rows(db).values()) == 10
+    assert result.has_more and result.stop_reason == "max_duration"
+    # calls stop once a whole call no longer fits before the deadline (0.3 s + 1 s)
+    done = sum(r.status == "Done" for r in rows(db).values())
+    assert 0 < done < 25
+    assert result.succeeded == done and result.claimed - done == result.given_back
 
 
 def test_dry_run_counts_due_rows_and_writes_nothing(db, service):

@@ -45,3 +45,16 @@ def test_still_over_the_limit_at_the_end_never_settled():
 
 def test_empty_log_is_not_a_number():
     assert all(math.isnan(v) for v in settle_and_ratio([]))
+
+
+def test_job_duration_comes_from_the_last_job_completed_line():
+    from devtools.bench_detach_capacity import job_duration_seconds
+
+    out = (
+        "event=job_completed job=x run_id=a succeeded=1 durationMs=900\n"
+        "noise durationMs=5\n"
+        "event=job_completed job=x run_id=b succeeded=9 stop_reason=drained durationMs=12345\n"
+    )
+    assert job_duration_seconds(out) == 12.345
+    with pytest.raises(ValueError, match="job_completed"):
+        job_duration_seconds("nothing here")

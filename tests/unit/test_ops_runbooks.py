@@ -17,6 +17,7 @@ EXPECTED = {
         "snapshot_detach_quarantined",
         "news_snapshot_detach_requeue",
     ],
+    "snapshot-detach-misrouted.md": ["selections_misrouted", "misroute_quarantine_limit"],
     "snapshot-detach-worker-stopped.md": [
         "NewsSnapshotDetachNoSuccessfulRun",
         "pg_terminate_backend",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 import threading
 import time
 
@@ -10,6 +12,8 @@ import pytest
 from include.pin_maintenance.jobs.snapshot_detach import Verdict, classify
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
 from include.pin_maintenance.jobs.snapshot_detach_flow import (
+    BASELINE_MIN_SAMPLES,
+    BASELINE_WINDOW,
     MAX_PAUSE_SECONDS,
     AdaptiveLimit,
     Breaker,
@@ -17,6 +21,7 @@ from include.pin_maintenance.jobs.snapshot_detach_flow import (
     Signal,
     call_signal,
 )
+from include.pin_maintenance.parallel import Deadline
 
 
 @pytest.mark.parametrize(
@@ -97,12 +102,44 @@ def test_limit_probes_slowly_near_the_last_congestion_point_then_forgets_it():
 
 def test_limit_holds_when_latency_does_not():
     limit = AdaptiveLimit(1, 32)
-    limit.on_healthy(0.02)
+    for _ in range(BASELINE_MIN_SAMPLES):
+        limit.on_healthy(0.02)
     grown = limit.limit
-    limit.on_healthy(0.05)  # > 2x the fastest seen: hold
+    limit.on_healthy(0.05)  # > 2x the baseline (median 20 ms): hold
     assert limit.limit == grown
     limit.on_healthy(0.03)
     assert limit.limit == grown + 1
+
+
+def test_one_fast_outlier_does_not_pin_the_limit():
+    # issue 27: the first answer in 1 ms, then every answer in 3 s. Judged against the
+    # fastest answer ever seen the limit never grew; against the moving median it does.
+    limit = AdaptiveLimit(1, 32)
+    limit.on_healthy(0.001)
+    for _ in range(BASELINE_WINDOW):
+        limit.on_healthy(3.0)
+    assert limit.baseline == 3.0
+    assert limit.slots == 32
+
+
+def test_a_latency_tail_holds_the_limit_rarely():
+    # lognormal, median 20 ms, p99 ~80 ms: most answers are within 2x the median
+    rng = random.Random(7)
+    limit = AdaptiveLimit(1, 32)
+    for _ in range(200):
+        limit.on_healthy(rng.lognormvariate(math.log(0.02), 0.6))
+    assert limit.slots == 32
+    assert 0.015 < limit.baseline < 0.026
+
+
+def test_a_slowing_service_holds_the_limit():
+    limit = AdaptiveLimit(1, 32)
+    for _ in range(BASELINE_WINDOW):
+        limit.on_healthy(0.02)
+    held = limit.limit
+    for _ in range(20):  # queueing: answers at 3x the median, not yet enough to move it
+        limit.on_healthy(0.06)
+    assert limit.limit == held
 
 
 def test_limit_rejects_bad_bounds():
@@ -138,7 +175,7 @@ def test_outage_decision_gives_the_attempt_back_even_at_max_attempts():
 
 
 def _gate(**kwargs):
-    defaults = {"deadline": time.monotonic() + 60, "stopped": lambda: False}
+    defaults = {"deadline": Deadline(60), "stopped": lambda: False}
     return CallGate(1, 8, 3, **{**defaults, **kwargs})
 
 
@@ -168,7 +205,7 @@ def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():
     assert time.monotonic() - started >= 0.35
     assert gate.stats.throttled == 1 and gate.stats.paused_seconds == pytest.approx(0.4, 0.1)
 
-    short = _gate(deadline=time.monotonic() + 1)
+    short = _gate(deadline=Deadline(1))
     ticket = short.acquire()
     short.release(ticket, "r1", CallOutcome(503, retry_after_seconds=120))
     started = time.monotonic()
@@ -204,3 +241,31 @@ def test_gate_stop_signal_wakes_waiting_calls():
     stop.set()
     waiter.join(2)
     assert got == [None]
+
+
+def test_an_overshoot_burst_of_refusals_does_not_open_the_breaker():
+    # 9 calls in flight against a service serving 4: the 5 refusals come back at once
+    gate = CallGate(9, 32, 3, deadline=Deadline(60), stopped=lambda: False)
+    tickets = [gate.acquire() for _ in range(9)]
+    for i, ticket in enumerate(tickets[:5]):
+        gate.release(ticket, f"r{i}", CallOutcome(503))
+    assert not gate.is_open  # one cut, one congestion event
+    assert gate.limit.cuts == 1
+    for i, ticket in enumerate(tickets[5:]):
+        gate.release(ticket, f"ok{i}", CallOutcome(200))
+    # a real outage still opens it: each call after a cut fails again
+    for i in range(3):
+        ticket = gate.acquire()
+        gate.release(ticket, f"o{i}", CallOutcome(503))
+    assert gate.is_open
+
+
+def test_stale_failures_of_a_streak_that_opens_are_given_back_too():
+    gate = CallGate(4, 32, 2, deadline=Deadline(60), stopped=lambda: False)
+    tickets = [gate.acquire() for _ in range(4)]
+    for i, ticket in enumerate(tickets):
+        gate.release(ticket, f"s{i}", CallOutcome(503))  # one cut, three stale
+    ticket = gate.acquire()
+    gate.release(ticket, "next", CallOutcome(503))  # started after the cut: counts
+    assert gate.is_open
+    assert all(gate.outage_row(r) for r in ("s0", "s1", "s2", "s3", "next"))

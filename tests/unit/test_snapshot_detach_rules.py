@@ -60,8 +60,15 @@ MAX = 12
         ),
         (CallOutcome(404), 1, Verdict.QUARANTINE, "HttpNotFound 404"),
         (CallOutcome(410), 1, Verdict.QUARANTINE, "HttpGone 410"),
-        (CallOutcome(400), 1, Verdict.QUARANTINE, "HttpClientError 400"),
-        (CallOutcome(422), 1, Verdict.QUARANTINE, "HttpClientError 422"),
+        # issue 26: which 4xx are permanent (quarantine at once), which are transient
+        (CallOutcome(400), 1, Verdict.QUARANTINE, "HttpBadRequest 400"),
+        (CallOutcome(422), 1, Verdict.QUARANTINE, "HttpUnprocessable 422"),
+        (CallOutcome(409), 1, Verdict.RETRY, "HttpConflict 409"),
+        (CallOutcome(423), 1, Verdict.RETRY, "HttpLocked 423"),
+        (CallOutcome(425), 1, Verdict.RETRY, "HttpTooEarly 425"),
+        (CallOutcome(405), 1, Verdict.RETRY, "HttpClientError 405"),
+        (CallOutcome(418), 1, Verdict.RETRY, "HttpClientError 418"),
+        (CallOutcome(409), 12, Verdict.QUARANTINE, "HttpConflict 409; max_attempts 12 reached"),
         (CallOutcome(401), 1, Verdict.AUTH_FAILED, "HttpUnauthorized 401"),
         (CallOutcome(403), 12, Verdict.AUTH_FAILED, "HttpForbidden 403"),
         (None, 5, Verdict.NOT_CALLED, None),
@@ -71,6 +78,21 @@ def test_classify(outcome, attempts, verdict, error):
     decision = classify(outcome, attempts, MAX)
     assert decision.verdict is verdict
     assert decision.error == error
+
+
+PERMANENT_4XX = {400, 404, 410, 422}
+AUTH_4XX = {401, 403}
+
+
+@pytest.mark.parametrize("code", range(400, 500))
+def test_every_4xx_is_permanent_auth_or_transient_by_the_table(code):
+    verdict = classify(CallOutcome(code), 1, MAX).verdict
+    if code in PERMANENT_4XX:
+        assert verdict is Verdict.QUARANTINE
+    elif code in AUTH_4XX:
+        assert verdict is Verdict.AUTH_FAILED
+    else:
+        assert verdict is Verdict.RETRY
 
 
 def test_retry_after_is_carried_for_429_and_503_only():
@@ -119,6 +141,7 @@ def test_config_defaults_match_design():
         "detach_concurrency": 32,
         "detach_concurrency_min": 1,
         "breaker_failure_threshold": 5,
+        "misroute_quarantine_limit": 5,
     }
 
 
@@ -196,3 +219,35 @@ def test_requeue_choice_all():
 def test_requeue_choice_refusals(ids, all_q, message):
     with pytest.raises(RequeueRequestError, match=message):
         parse_choice(ids, all_q)
+
+
+def test_pg_array_literals():
+    from datetime import UTC, datetime
+
+    from include.pin_maintenance.jobs.snapshot_detach import pg_array
+
+    when = datetime(2026, 12, 1, 22, 6, 12, 123456, tzinfo=UTC)
+    assert pg_array([]) == "{}"
+    assert pg_array([1, 12]) == "{1,12}"
+    assert pg_array([True, False]) == "{t,f}"
+    assert pg_array([None, "HttpNotFound 404"]) == '{NULL,"HttpNotFound 404"}'
+    assert pg_array(['a"b\\c']) == '{"a\\"b\\\\c"}'
+    assert pg_array([when]) == '{"2026-12-01T22:06:12.123456+00:00"}'
+
+
+@pytest.mark.parametrize(
+    ("overrides", "ok"),
+    [
+        ({}, True),  # 360 > 240 + 5 + 5
+        ({"lock_ttl_seconds": 250}, False),  # not above the worst-case run
+        ({"lock_ttl_seconds": 250.5}, True),
+        ({"detach_call_timeout_seconds": 120}, False),  # 240 + 120 + 5 > 360
+        ({"max_run_duration_seconds": 15, "lock_ttl_seconds": 45}, True),  # the issue's case
+    ],
+)
+def test_the_lease_must_exceed_the_worst_case_run(overrides, ok):
+    if ok:
+        CONFIG.resolve(None, overrides)
+    else:
+        with pytest.raises(ConfigError, match=r"lock_ttl_seconds.*worst-case run"):
+            CONFIG.resolve(None, overrides)

@@ -19,13 +19,17 @@ One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-sna
    answer                                    outcome
    ========================================  ==========================================
    2xx (incl. already detached)              ``Done``, ``last_error = null``
-   5xx, 408, 425, timeout, connection error  stays ``Pending`` (backoff set at claim)
+   5xx, 408, 409, 423, 425, other 4xx,      stays ``Pending`` (backoff set at claim)
+   timeout, connection error
    429                                       as 5xx; ``Retry-After`` pushes
                                              ``next_attempt_at`` further when longer
    transient and ``attempts >= max_attempts``  ``Quarantined`` + alert
    404, 410                                  ``Quarantined`` at once + alert (selections
-                                             keeps snapshots forever: unknown = permanent)
-   other 4xx (400, 409, 422, ...)            ``Quarantined`` at once + alert: the same
+                                             keeps snapshots forever: unknown = permanent),
+                                             except a 404 past ``misroute_quarantine_limit``
+                                             in a run without a 2xx: attempt given back,
+                                             calls stop, ``selections_misrouted`` (critical)
+   400, 422                                  ``Quarantined`` at once + alert: the same
                                              request gets the same answer; fix, then requeue
    401, 403                                  ``selections_auth_failed`` (critical); no more
                                              calls this run (circuit breaker); the attempt
@@ -60,6 +64,13 @@ The outage breaker keeps no state between runs: each run starts half-open, with
 and after recovery the first run drains the backlog. ``breaker_open_total`` counts runs whose
 breaker opened; ``concurrency_limit`` is the adaptive limit at the end of a run.
 
+Run bound (issue 27, ``docs/design/detach.md``): a run ends within
+``max_run_duration_seconds + detach_call_timeout_seconds + RUN_MARGIN_SECONDS`` (5 s). The run
+has one :class:`~include.pin_maintenance.parallel.Deadline` at ``max_run_duration_seconds +
+detach_call_timeout_seconds``; no batch is claimed and no call started once it no longer allows
+a whole call, every wait takes its timeout from it, and claimed rows not called are given back.
+Alerts go out on their own thread (:class:`AsyncAlerts`), flushed within the margin.
+
 Cancellation (stop signal) is honoured between rows: calls not yet started are given back,
 the batch's outcome transaction commits, then :class:`JobCancelled` is raised. A worker
 exception on one row is logged and recorded as a transient error of that row. When the batch
@@ -69,10 +80,12 @@ lose the others' outcomes.
 
 from __future__ import annotations
 
+import queue
 import random
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -102,20 +115,22 @@ from include.pin_maintenance.jobs.snapshot_detach_client import (
 from include.pin_maintenance.jobs.snapshot_detach_config import (  # noqa: F401 (re-exported)
     CONFIG,
     JOB,
+    RUN_MARGIN_SECONDS,
+    worst_case_run_seconds,
 )
 from include.pin_maintenance.jobs.snapshot_detach_flow import Breaker, CallGate
-from include.pin_maintenance.runloop import (
-    JobCancelled,
-    LoopLimits,
-    StopReason,
-    StopSignal,
-    run_batches,
-)
+from include.pin_maintenance.parallel import Deadline
+from include.pin_maintenance.runloop import JobCancelled, StopReason, StopSignal
 from include.pin_maintenance.telemetry import Alert, Telemetry, record_error, resumed, set_result
 
 LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
 KNOWN_REASONS = frozenset({"BlockReplaced", "PostDeleted"})
 LAST_ERROR_MAX = 512
+MAX_UNSETTLED_BATCHES = 3  # claimed and not yet recorded at once (the pipeline's depth)
+PIPELINE_POLL_SECONDS = 0.02  # how often the main thread looks whether to claim ahead
+MAX_QUARANTINE_ALERTS_PER_RUN = 20  # then one summary alert carries the count
+ALERT_FLUSH_SECONDS = 2.0  # of RUN_MARGIN_SECONDS: undelivered alerts after that are logged
+MISROUTE_ALERT = "selections_misrouted"
 
 
 class Metric:
@@ -148,6 +163,7 @@ class Verdict(StrEnum):
     AUTH_FAILED = "AuthFailed"  # attempt given back, circuit breaker opens
     NOT_CALLED = "NotCalled"  # attempt given back (cancelled / breaker open)
     OUTAGE = "Outage"  # called, failed as part of an outage: attempt given back, error kept
+    MISROUTED = "Misrouted"  # a 404 after the misroute breaker opened: attempt given back
 
 
 @dataclass(frozen=True)
@@ -159,12 +175,33 @@ class Decision:
     @property
     def is_failed_call(self) -> bool:
         """A call was made and did not succeed (news_snapshot_detach_failed_total)."""
-        failed = (Verdict.RETRY, Verdict.QUARANTINE, Verdict.AUTH_FAILED, Verdict.OUTAGE)
+        failed = (
+            Verdict.RETRY,
+            Verdict.QUARANTINE,
+            Verdict.AUTH_FAILED,
+            Verdict.OUTAGE,
+            Verdict.MISROUTED,
+        )
         return self.verdict in failed and self.error != "UnknownReason"
 
 
-_PERMANENT_NAMES = {404: "HttpNotFound", 410: "HttpGone"}
-_TRANSIENT_4XX = {408: "HttpRequestTimeout", 425: "HttpTooEarly", 429: "HttpTooManyRequests"}
+# Which 4xx are permanent (issue 26, docs/design/detach.md): the snapshot is unknown or gone,
+# or the request itself is refused (the same request gets the same answer). Every other 4xx
+# (409, 423, 405, 418, ...) is transient: it says nothing definite about the row, a retry is
+# free (detach is idempotent) and max_attempts still quarantines a row that never resolves.
+_PERMANENT_NAMES = {
+    400: "HttpBadRequest",
+    404: "HttpNotFound",
+    410: "HttpGone",
+    422: "HttpUnprocessable",
+}
+_TRANSIENT_4XX = {
+    408: "HttpRequestTimeout",
+    409: "HttpConflict",
+    423: "HttpLocked",
+    425: "HttpTooEarly",
+    429: "HttpTooManyRequests",
+}
 _AUTH_NAMES = {401: "HttpUnauthorized", 403: "HttpForbidden"}
 
 
@@ -209,7 +246,7 @@ def _classify_answer(outcome: CallOutcome | None) -> tuple[Decision | None, Deci
         suffix = f" retry_after={ra:g}s" if ra is not None else ""
         transient = Decision(Verdict.RETRY, f"{name} {code}{suffix}", ra)
     elif 400 <= code < 500:
-        final = Decision(Verdict.QUARANTINE, f"HttpClientError {code}")
+        transient = Decision(Verdict.RETRY, f"HttpClientError {code}")
     elif 500 <= code < 600:
         transient = Decision(Verdict.RETRY, f"HttpServerError {code}")
     else:
@@ -250,6 +287,8 @@ class DetachResult:
     breaker_open: bool = False  # the outage breaker opened in this run
     breaker_failures: int = 0  # consecutive failed calls that opened it
     outage_calls: int = 0  # called, failed in the outage, attempt given back
+    misrouted: bool = False  # the misroute breaker opened (404s and no 2xx)
+    misroute_calls: int = 0  # 404s given back as the misroute's evidence
     calls: int = 0  # detach calls made
     throttled: int = 0  # 429 / 503 answers
     retry_after_paused_seconds: float = 0.0
@@ -282,6 +321,8 @@ class DetachResult:
             "BreakerOpen": self.breaker_open,
             "BreakerFailures": self.breaker_failures,
             "OutageCalls": self.outage_calls,
+            "Misrouted": self.misrouted,
+            "MisrouteCalls": self.misroute_calls,
             "Calls": self.calls,
             "Throttled": self.throttled,
             "RetryAfterPausedSeconds": round(self.retry_after_paused_seconds, 3),
@@ -317,6 +358,9 @@ class _Batch:
     calls: dict[str, Future]  # row id -> its detach call (rows with a known reason)
     span: Span = trace.INVALID_SPAN  # from its claim until its outcomes are recorded
 
+    def done(self) -> bool:
+        return all(f.done() for f in self.calls.values())
+
 
 @dataclass
 class _Applied:
@@ -327,6 +371,79 @@ class _Applied:
     next_attempt_at: datetime
     last_error: str | None
     keep_last_error: bool
+
+
+class AsyncAlerts:
+    """Alert delivery on its own thread, so a slow webhook never stretches the run (issue 27).
+
+    ``send`` queues and returns at once; :meth:`flush` waits for the queue at most ``seconds``
+    and returns how many alerts were not delivered by then (they stay queued on the daemon
+    thread, which keeps trying while the process lives).
+    """
+
+    def __init__(self, sink: Any, log: Any) -> None:
+        self._sink = sink
+        self._log = log
+        self._queue: queue.Queue[Alert] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._unfinished = 0
+
+    def send(self, alert: Alert) -> None:
+        with self._lock:
+            self._unfinished += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._deliver, name="detach-alerts", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(alert)
+
+    def _deliver(self) -> None:
+        while True:
+            alert = self._queue.get()
+            try:
+                self._sink.send(alert)
+            except Exception as exc:  # a sink failure must not lose the alerts behind it
+                self._log.error("alert_failed", alert=alert.name, error=type(exc).__name__)
+            with self._lock:
+                self._unfinished -= 1
+                self._idle.notify_all()
+
+    def flush(self, seconds: float) -> int:
+        until = time.monotonic() + max(0.0, seconds)
+        with self._lock:
+            while self._unfinished:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self._idle.wait(left)
+            return self._unfinished
+
+
+def pg_array(values: Iterable[Any]) -> str:
+    """A Postgres array literal (``{...}``) for a list of parameters, cast in the SQL.
+
+    One string per array instead of psycopg's per-element list dumping: the claim and outcome
+    statements of a batch carry 3 and 8 arrays of ``batch_size`` elements, and dumping them
+    element by element cost the main thread (which also claims ahead) more GIL time than the
+    HTTP calls themselves (issue 27). Elements: None, bool, int, datetime, str (quoted).
+    """
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        elif isinstance(v, bool):
+            parts.append("t" if v else "f")
+        elif isinstance(v, int):
+            parts.append(str(v))
+        elif isinstance(v, datetime):
+            parts.append(f'"{v.isoformat()}"')
+        else:
+            text = str(v).replace("\\", "\\\\").replace('"', '\\"')
+            parts.append(f'"{text}"')
+    return "{" + ",".join(parts) + "}"
 
 
 def utc_now() -> datetime:
@@ -397,6 +514,14 @@ class _Run:
         )
         self.breaker = threading.Event()  # the 401/403 breaker
         self.gate: CallGate | None = None  # adaptive concurrency + outage breaker (per run)
+        self.deadline = Deadline(worst_case_run_seconds(config), clock=monotonic)  # reset per run
+        self._aborted = False  # the main thread failed: no new call starts
+        self._count_lock = threading.Lock()
+        self._submitted = 0  # calls queued on the workers
+        self._taken = 0  # of them, picked up by a worker
+        self.alerts = AsyncAlerts(telemetry.alerts, telemetry.log)
+        self._quarantine_alerts = 0  # per-row quarantine alerts sent this run
+        self._quarantine_alerts_suppressed = 0
         self.result = DetachResult()
         self.span: Span = trace.INVALID_SPAN  # the run's span, once __call__ opened it
 
@@ -425,12 +550,15 @@ class _Run:
                 self.result.lock_acquired = False
                 self.t.metrics.incr(Metric.LOCK_CONTENTION)
                 self.log.info("job_skipped", reason="lock_busy", lock=self.lock_name)
-                limit = self.cfg["max_run_duration_seconds"]
+                # a holder past the lease is stuck: a live run ends before its lease does
+                # (lock_ttl_seconds > the worst-case run, checked at validation)
+                limit = self.cfg["lock_ttl_seconds"]
                 if alert := lock_held_too_long(self.connect, self.lock_name, limit, job=JOB):
-                    self.t.alerts.send(alert)
+                    self.alerts.send(alert)
                 return self._finish(started, success=True, lock_busy=True)
             cancelled = self._run_batches()
-        self._finish(started, success=not cancelled and not self.result.auth_failed)
+        healthy = not (cancelled or self.result.auth_failed or self.result.misrouted)
+        self._finish(started, success=healthy)
         if cancelled:
             raise JobCancelled(self.stop.reason or "stop requested")
         return self.result
@@ -448,64 +576,122 @@ class _Run:
         self.log.info("dry_run", due=self.result.due, calls=0, writes=0)
 
     def _run_batches(self) -> bool:
-        """The batch loop; returns True when it stopped because of the stop signal.
+        """The batch pipeline; returns True when it stopped because of the stop signal.
 
-        Batches are pipelined one deep: batch N is claimed and its calls queued while batch
-        N-1's calls are still running, then N-1's outcomes are recorded. The workers never idle
-        between batches and the claim/outcome transactions overlap the network time; each
-        batch still has exactly one claim and one outcome transaction, and every claimed batch
-        is recorded before the run ends (also on a bound, a stop or an open breaker).
+        Calls stay in flight across batch boundaries (issue 27): the next batch is claimed and
+        its calls queued as soon as fewer calls are queued than the limit allows in flight
+        (at most :data:`MAX_UNSETTLED_BATCHES` batches claimed and not yet recorded), and a
+        batch's outcomes are recorded as soon as all of its calls are in, oldest batch first.
+        Each batch still has exactly one claim and one outcome transaction, and every claimed
+        batch is recorded before the run ends (also on the deadline, a stop or a breaker).
+
+        Every wait takes its timeout from the run's one :class:`Deadline`
+        (``max_run_duration_seconds + detach_call_timeout_seconds`` from now): no batch is
+        claimed and no call started once the deadline no longer allows a whole call, so the
+        calls still running then end before it, and the last batches settle by then.
         """
         conn = self.connect()
         conn.autocommit = True  # every unit of work is an explicit, short transaction
         require_server_connections([conn], job=JOB, held=1)  # + the lock: pool size 2
-        # real time: a Retry-After pause is a real wait, whatever clock the run bound reads
+        call_seconds = float(self.cfg["detach_call_timeout_seconds"])
+        self.deadline = Deadline(
+            float(self.cfg["max_run_duration_seconds"]) + call_seconds, clock=self.monotonic
+        )
         self.gate = CallGate(
             int(self.cfg["detach_concurrency_min"]),
             int(self.cfg["detach_concurrency"]),
             int(self.cfg["breaker_failure_threshold"]),
-            deadline=time.monotonic() + float(self.cfg["max_run_duration_seconds"]),
-            stopped=lambda: self.stop.is_set() or self.breaker.is_set(),
+            deadline=self.deadline,
+            call_seconds=call_seconds,
+            stopped=lambda: self.stop.is_set() or self.breaker.is_set() or self._aborted,
             on_open=self._breaker_opened,
+            misroute_limit=int(self.cfg["misroute_quarantine_limit"]),
         )
         workers = ThreadPoolExecutor(
             max_workers=int(self.cfg["detach_concurrency"]), thread_name_prefix="detach"
         )
-        self._in_flight: _Batch | None = None
+        unsettled: deque[_Batch] = deque()
         try:
-            loop = run_batches(
-                lambda index: self._batch(conn, workers, index),
-                LoopLimits(max_duration_seconds=float(self.cfg["max_run_duration_seconds"])),
-                self.stop,
-                clock=self.monotonic,
-            )
-            self._settle(conn)
+            batches, stop_reason = self._pipeline(conn, workers, unsettled)
+        except BaseException:
+            self._aborted = True  # no new call starts; claimed rows keep their claim
+            raise
         finally:
             self.gate.close()
-            workers.shutdown(wait=True, cancel_futures=True)
+            workers.shutdown(wait=False, cancel_futures=True)
             conn.close()
-            if self._in_flight is not None:  # a failure before its outcomes: end its span
-                self._in_flight.span.end()
-        self.result.batches = loop.batches
-        self.result.stop_reason = str(loop.stop_reason)
+            for batch in unsettled:  # a failure before their outcomes: end their spans
+                batch.span.end()
+        self.result.batches = batches
+        self.result.stop_reason = str(stop_reason or StopReason.DRAINED)
         self._gate_report()
         if self.breaker.is_set():
             self.result.stop_reason = "auth_failed"
         # a stop that arrived during the last (short) batch still ends the run as cancelled
-        return loop.stop_reason is StopReason.CANCELLED or self.stop.is_set()
+        return stop_reason is StopReason.CANCELLED or self.stop.is_set()
+
+    def _pipeline(
+        self, conn: psycopg.Connection, workers: ThreadPoolExecutor, unsettled: deque[_Batch]
+    ) -> tuple[int, StopReason | str | None]:
+        batches, stop_reason = 0, None
+        while True:
+            while unsettled and unsettled[0].done():
+                self._settle(conn, unsettled.popleft())
+            if stop_reason is None:
+                stop_reason = self._stop_reason(batches)
+            if stop_reason is None and self._wants_batch(unsettled):
+                batch = self._claim_batch(conn, workers, batches, unsettled)
+                batches += 1
+                if batch.rows:
+                    unsettled.append(batch)
+                if len(batch.rows) < int(self.cfg["batch_size"]):
+                    stop_reason = StopReason.DRAINED
+                continue
+            if not unsettled:
+                return batches, stop_reason
+            if self.deadline.expired():  # only a client that ignored its timeout gets here
+                self._abandon(unsettled[0])
+                continue
+            head = [f for f in unsettled[0].calls.values() if not f.done()]
+            poll = None if stop_reason is not None else PIPELINE_POLL_SECONDS
+            futures.wait(head, timeout=self.deadline.timeout(poll))
+
+    def _stop_reason(self, batches: int) -> StopReason | str | None:
+        """Why no further batch is claimed, or None (the first batch is always claimed)."""
+        if self.stop.is_set():
+            return StopReason.CANCELLED
+        if self._calls_stopped():
+            return "calls_stopped"  # _gate_report names the breaker
+        if batches and self.gate.deadline_reached:
+            return StopReason.MAX_DURATION
+        return None
+
+    def _wants_batch(self, unsettled: deque[_Batch]) -> bool:
+        """Claim ahead while the queued calls would not keep the limit busy."""
+        if not unsettled:
+            return True
+        if len(unsettled) >= MAX_UNSETTLED_BATCHES:
+            return False
+        with self._count_lock:
+            queued = self._submitted - self._taken
+        return queued < 2 * self.gate.limit.slots
 
     def _calls_stopped(self) -> bool:
-        """401/403, the outage breaker, or a Retry-After beyond the run bound: no more calls."""
+        """401/403, a breaker, or a Retry-After beyond the run bound: no more calls."""
         gate = self.gate
         return self.breaker.is_set() or (
-            gate is not None and (gate.is_open or gate.stats.stopped_by_retry_after)
+            gate is not None
+            and (gate.is_open or gate.is_misrouted or gate.stats.stopped_by_retry_after)
         )
 
-    def _batch(self, conn: psycopg.Connection, workers: ThreadPoolExecutor, index: int) -> bool:
-        if self._calls_stopped():
-            self._settle(conn)
-            return False
-        in_flight = [r.id for r in self._in_flight.rows] if self._in_flight else []
+    def _claim_batch(
+        self,
+        conn: psycopg.Connection,
+        workers: ThreadPoolExecutor,
+        index: int,
+        unsettled: deque[_Batch],
+    ) -> _Batch:
+        in_flight = [r.id for b in unsettled for r in b.rows]
         span = self.t.tracer.start_span(f"{JOB} batch", attributes={"pin.batch.index": index})
         try:
             rows = self._claim(conn, in_flight)
@@ -518,34 +704,45 @@ class _Run:
         self.result.claimed += len(rows)
         calls = [r for r in rows if r.reason in KNOWN_REASONS]
         parent = trace.set_span_in_context(span)  # worker threads do not inherit the context
+        with self._count_lock:
+            self._submitted += len(calls)
         batch = _Batch(rows, {r.id: workers.submit(self._call, r, parent) for r in calls}, span)
-        self._settle(conn)  # the previous batch, whose calls were queued first
-        self._in_flight = batch if rows else None
         if not rows:
             span.end()
-        full = len(rows) == self.cfg["batch_size"]
-        return full and not self._calls_stopped()
+        return batch
 
-    def _settle(self, conn: psycopg.Connection) -> None:
-        """Wait for the in-flight batch's calls and record its outcomes (one transaction)."""
-        batch, self._in_flight = self._in_flight, None
-        if batch is None:
-            return
+    def _abandon(self, batch: _Batch) -> None:
+        """Past the deadline with calls still running (a client that ignored its timeout):
+        record them as timed out; the worker thread is left to finish on its own."""
+        for row_id, call in list(batch.calls.items()):
+            if call.done():
+                continue
+            replacement: Future = Future()
+            if call.cancel():  # never started: not called, its attempt is given back
+                replacement.set_result(None)
+            else:
+                replacement.set_result(CallOutcome(error_class="Timeout"))
+                self.log.warning("entry_call_abandoned", row_id=row_id)
+            batch.calls[row_id] = replacement
+
+    def _settle(self, conn: psycopg.Connection, batch: _Batch) -> None:
+        """Record the outcomes of a batch whose calls are all in (one transaction)."""
         with resumed(batch.span) as span:
-            # every call first: whether a failure belongs to the outage is known once all are in
-            futures.wait(batch.calls.values())
             decisions = []
             for row in batch.rows:
                 if row.reason not in KNOWN_REASONS:
                     decision = Decision(Verdict.QUARANTINE, "UnknownReason")
                 else:
                     outcome = batch.calls[row.id].result()
-                    decision = classify(
-                        outcome,
-                        row.attempts,
-                        self.cfg["max_attempts"],
-                        outage=outcome is not None and self.gate.outage_row(row.id),
-                    )
+                    if outcome is not None and self.gate.misroute_row(row.id):
+                        decision = Decision(Verdict.MISROUTED, "HttpNotFound 404; route suspect")
+                    else:
+                        decision = classify(
+                            outcome,
+                            row.attempts,
+                            self.cfg["max_attempts"],
+                            outage=outcome is not None and self.gate.outage_row(row.id),
+                        )
                 decisions.append((row, decision))
             self._record(conn, decisions)
             if span.is_recording():
@@ -558,7 +755,11 @@ class _Run:
         with conn.transaction():
             found = conn.execute(
                 sql.load("news/select_due_entries"),
-                {"now": now, "batch_size": int(self.cfg["batch_size"]), "in_flight": in_flight},
+                {
+                    "now": now,
+                    "batch_size": int(self.cfg["batch_size"]),
+                    "in_flight": pg_array(in_flight),
+                },
             ).fetchall()
             rows = []
             for rid, snapshot_id, post_id, reason, attempts, next_at, created_at in found:
@@ -582,9 +783,9 @@ class _Run:
                     sql.load("news/claim_due_entries"),
                     {
                         "now": now,
-                        "ids": [r.id for r in rows],
-                        "attempts": [r.attempts for r in rows],
-                        "next_attempt_at": [r.next_attempt_at for r in rows],
+                        "ids": pg_array(r.id for r in rows),
+                        "attempts": pg_array(r.attempts for r in rows),
+                        "next_attempt_at": pg_array(r.next_attempt_at for r in rows),
                     },
                 )
         return rows
@@ -595,6 +796,8 @@ class _Run:
         The call is a CLIENT span under ``parent`` (its batch's span); the client sends it to
         selections as the W3C ``traceparent``.
         """
+        with self._count_lock:
+            self._taken += 1
         if self.stop.is_set() or self.breaker.is_set():
             return None
         assert self.gate is not None  # made by _run_batches before any call is queued
@@ -629,7 +832,8 @@ class _Run:
                 row.snapshot_id,
                 row.reason,
                 row.id,
-                float(self.cfg["detach_call_timeout_seconds"]),
+                # a whole call fitted when it started; never wait past the run's deadline
+                max(self.deadline.timeout(float(self.cfg["detach_call_timeout_seconds"])), 0.001),
             )
         except Exception as exc:  # a client bug or infrastructure failure: this row only
             self.log.error(
@@ -662,13 +866,30 @@ class _Run:
         if gate.stats.stopped_by_retry_after and not gate.is_open:
             self.result.stop_reason = "retry_after"
             self.log.warning("calls_paused_past_run_bound", throttled=r.throttled)
+        if self._quarantine_alerts_suppressed:
+            self.alerts.send(
+                Alert(
+                    "snapshot_detach_quarantined",
+                    "warning",
+                    f"{r.quarantined} row(s) quarantined in this run; the first "
+                    f"{self._quarantine_alerts} alerted one by one, "
+                    f"{self._quarantine_alerts_suppressed} more only counted here",
+                    {
+                        "quarantined": r.quarantined,
+                        "alerted": self._quarantine_alerts,
+                        "suppressed": self._quarantine_alerts_suppressed,
+                    },
+                )
+            )
+        if gate.is_misrouted:
+            self._misrouted_report()
         if not gate.is_open:
             return
         r.breaker_open = True
         r.breaker_failures = gate.breaker.failures_at_open
         self.result.stop_reason = "selections_unavailable"
         self.t.metrics.incr(Metric.BREAKER_OPEN)
-        self.t.alerts.send(
+        self.alerts.send(
             Alert(
                 "selections_unavailable",
                 "warning",
@@ -684,6 +905,34 @@ class _Run:
             )
         )
 
+    def _misrouted_report(self) -> None:
+        r = self.result
+        r.misrouted = True
+        r.stop_reason = "selections_misrouted"
+        limit = int(self.cfg["misroute_quarantine_limit"])
+        self.log.error(
+            MISROUTE_ALERT,
+            quarantined_404=self.gate.misroute.quarantined_404s,
+            misroute_calls=r.misroute_calls,
+            given_back=r.given_back,
+        )
+        self.alerts.send(
+            Alert(
+                MISROUTE_ALERT,
+                "critical",
+                f"selections answered 404 to {self.gate.misroute.quarantined_404s + 1}+ detach "
+                "calls and 2xx to none: the selections route looks wrong (base URL, path, "
+                f"ingress). At most {limit} row(s) were quarantined; calls stopped for this run "
+                "and every other row cost no attempt. Check the selections_api connection.",
+                {
+                    "quarantined_404": self.gate.misroute.quarantined_404s,
+                    "misroute_calls": r.misroute_calls,
+                    "given_back": r.given_back,
+                    "limit": limit,
+                },
+            )
+        )
+
     # -- outcomes --------------------------------------------------------------------------
 
     def _plan(self, row: ClaimedRow, decision: Decision, now: datetime) -> _Applied:
@@ -695,7 +944,7 @@ class _Run:
             return _Applied(
                 row, decision, "Pending", row.attempts - 1, next_at, decision.error, False
             )
-        if v in (Verdict.NOT_CALLED, Verdict.AUTH_FAILED):
+        if v in (Verdict.NOT_CALLED, Verdict.AUTH_FAILED, Verdict.MISROUTED):
             return _Applied(
                 row,
                 decision,
@@ -736,9 +985,12 @@ class _Run:
                         snapshot_id=plan.row.snapshot_id,
                         error=type(row_exc).__name__,
                     )
+        detached: list[_Applied] = []
         for plan in plans:
             if plan.row.id in applied:
                 self._report(plan, now)
+                if plan.decision.verdict is Verdict.DONE:
+                    detached.append(plan)
             else:
                 self.result.superseded += 1
                 self.log.warning(
@@ -747,6 +999,16 @@ class _Run:
                     attempts=plan.row.attempts,
                     outcome=plan.decision.verdict,
                 )
+        if detached:
+            # one line per batch, not per row (issue 27: under Airflow every line crosses the
+            # task supervisor; 100 lines per batch cost a third of the throughput)
+            self.t.metrics.incr(Metric.SUCCEEDED, len(detached))
+            self.log.info(
+                "entries_detached",
+                count=len(detached),
+                snapshot_ids=",".join(p.row.snapshot_id for p in detached),
+                attempts=",".join(str(p.row.attempts) for p in detached),
+            )
 
     def _write(self, conn: psycopg.Connection, plans: Iterable[_Applied], now: datetime) -> set:
         plans = list(plans)
@@ -755,14 +1017,14 @@ class _Run:
                 sql.load("news/record_detach_outcomes"),
                 {
                     "now": now,
-                    "ids": [p.row.id for p in plans],
-                    "claimed_attempts": [p.row.attempts for p in plans],
-                    "claimed_at": [p.row.claimed_at for p in plans],
-                    "statuses": [p.status for p in plans],
-                    "attempts": [p.attempts for p in plans],
-                    "next_attempt_at": [p.next_attempt_at for p in plans],
-                    "last_errors": [p.last_error for p in plans],
-                    "keep_last_error": [p.keep_last_error for p in plans],
+                    "ids": pg_array(p.row.id for p in plans),
+                    "claimed_attempts": pg_array(p.row.attempts for p in plans),
+                    "claimed_at": pg_array(p.row.claimed_at for p in plans),
+                    "statuses": pg_array(p.status for p in plans),
+                    "attempts": pg_array(p.attempts for p in plans),
+                    "next_attempt_at": pg_array(p.next_attempt_at for p in plans),
+                    "last_errors": pg_array(p.last_error for p in plans),
+                    "keep_last_error": pg_array(p.keep_last_error for p in plans),
                 },
             )
             return {str(r[0]) for r in cur.fetchall()}
@@ -774,10 +1036,9 @@ class _Run:
             m.incr(Metric.FAILED)
         v = decision.verdict
         if v is Verdict.DONE:
-            self.result.succeeded += 1
-            m.incr(Metric.SUCCEEDED)
+            self.result.succeeded += 1  # counted and logged per batch by _record
             m.timing(Metric.LAG, max(now - row.created_at, timedelta(0)))
-            self.log.info("entry_detached", snapshot_id=row.snapshot_id, attempts=row.attempts)
+            self.log.debug("entry_detached", snapshot_id=row.snapshot_id, attempts=row.attempts)
         elif v is Verdict.RETRY:
             self.result.retried += 1
             m.incr(Metric.RETRIED)
@@ -798,7 +1059,11 @@ class _Run:
                 attempts=row.attempts,
                 error_code=decision.error,
             )
-            self.t.alerts.send(
+            if self._quarantine_alerts >= MAX_QUARANTINE_ALERTS_PER_RUN:
+                self._quarantine_alerts_suppressed += 1
+                return
+            self._quarantine_alerts += 1
+            self.alerts.send(
                 Alert(
                     "snapshot_detach_quarantined",
                     "warning",
@@ -817,7 +1082,7 @@ class _Run:
             if not self.result.auth_failed:
                 self.result.auth_failed = True
                 self.log.error("selections_auth_failed", error_code=decision.error)
-                self.t.alerts.send(
+                self.alerts.send(
                     Alert(
                         "selections_auth_failed",
                         "critical",
@@ -827,6 +1092,10 @@ class _Run:
                         {"error": decision.error},
                     )
                 )
+        elif v is Verdict.MISROUTED:
+            self.result.misroute_calls += 1
+            self.result.given_back += 1
+            self.log.info("entry_misrouted", snapshot_id=row.snapshot_id, attempts=row.attempts - 1)
         elif v is Verdict.OUTAGE:
             self.result.outage_calls += 1
             self.result.given_back += 1
@@ -848,6 +1117,10 @@ class _Run:
     def _finish(self, started: float, *, success: bool, lock_busy: bool = False) -> DetachResult:
         if not lock_busy:
             self._measure_backlog()
+        # alerts went out on their own thread; wait for them only inside the run's bound
+        undelivered = self.alerts.flush(self.deadline.timeout() + ALERT_FLUSH_SECONDS)
+        if undelivered:
+            self.log.warning("alerts_undelivered", alerts=undelivered)
         elapsed = max(self.monotonic() - started, 0.0)
         self.result.duration_ms = int(elapsed * 1000)
         if not lock_busy:  # a skip is no run: its few ms would dilute the duration rules

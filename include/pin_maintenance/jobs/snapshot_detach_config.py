@@ -9,6 +9,20 @@ from __future__ import annotations
 from include.pin_maintenance.config import ConfigSpec, Rule, Setting
 
 JOB = "news_snapshot_detach_retry"
+# What a run may take past max_run_duration_seconds + detach_call_timeout_seconds (issue 27):
+# the last batch's outcome transaction, the backlog gauges and the alert flush (bounded to
+# ALERT_FLUSH_SECONDS of it) on a healthy database. docs/design/detach.md, "Run bound".
+RUN_MARGIN_SECONDS = 5.0
+
+
+def worst_case_run_seconds(values: dict) -> float:
+    """The run bound: max_run_duration_seconds + detach_call_timeout_seconds + the margin."""
+    return (
+        float(values["max_run_duration_seconds"])
+        + float(values["detach_call_timeout_seconds"])
+        + RUN_MARGIN_SECONDS
+    )
+
 
 CONFIG = ConfigSpec(
     job=JOB,
@@ -78,6 +92,15 @@ CONFIG = ConfigSpec(
             help="Consecutive failed calls (transport error, timeout, 5xx) that stop calling "
             "for the rest of the run; those calls and every row not called cost no attempt.",
         ),
+        Setting(
+            "misroute_quarantine_limit",
+            5,
+            minimum=0,
+            maximum=1000,
+            help="404s a run quarantines before it has seen any 2xx; the next 404 without a "
+            "2xx means the selections route looks wrong: calls stop for the run, the rest "
+            "cost no attempt, critical alert selections_misrouted.",
+        ),
     ),
     rules=(
         Rule(
@@ -92,8 +115,12 @@ CONFIG = ConfigSpec(
         ),
         Rule(
             "lock_ttl_seconds",
-            lambda v: v["lock_ttl_seconds"] > v["max_run_duration_seconds"],
-            lambda v: f"> max_run_duration_seconds ({v['max_run_duration_seconds']})",
+            lambda v: v["lock_ttl_seconds"] > worst_case_run_seconds(v),
+            lambda v: (
+                f"> the worst-case run, max_run_duration_seconds ({v['max_run_duration_seconds']})"
+                f" + detach_call_timeout_seconds ({v['detach_call_timeout_seconds']})"
+                f" + {RUN_MARGIN_SECONDS:g} s margin = {worst_case_run_seconds(v):g}"
+            ),
         ),
     ),
     extra_params=frozenset({"dry_run"}),

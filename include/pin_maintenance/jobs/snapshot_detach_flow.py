@@ -12,22 +12,40 @@ Two rules sit between the job's worker threads and the selections service:
   :data:`PLATEAU_FACTOR` times slower (a service with a fixed capacity is probed about once
   per 50 calls instead of once per 10), and once the limit passes the ceiling without a new
   congestion signal the ceiling is forgotten (the service has grown). A healthy
-  answer slower than :data:`LATENCY_TOLERANCE` times the fastest one seen in the run holds the
-  limit where it is instead of growing it (a queueing service answers slower before it fails).
+  answer slower than :data:`LATENCY_TOLERANCE` times the *baseline* holds the limit where it is
+  instead of growing it (a queueing service answers slower before it fails). The baseline is
+  the median of the last :data:`BASELINE_WINDOW` healthy latencies (issue 27): one fast
+  outlier moves a median by one place, so it cannot pin the limit the way "the fastest answer
+  ever seen" did, and a service whose latency has a tail (lognormal, p99 = 4x median) holds
+  the limit on about one answer in eight instead of most of them.
 - **Retry-After**: a 429 or 503 that carries ``Retry-After`` pauses every new call for that
   long (the row itself is due no earlier either). A pause longer than
   :data:`MAX_PAUSE_SECONDS`, or one that would end after the run's bound
   (``max_run_duration_seconds``), stops calling for the rest of the run instead: the next run
   is minutes away, and a run must not hold its lock idle.
-- **Circuit breaker** (systemic failure): ``breaker_failure_threshold`` consecutive failed
-  calls (transport error, timeout, any 5xx) open it; any other answer (2xx, 4xx, 429) resets
-  the count, so scattered 503s among successes never open it. Once open, no call starts for
-  the rest of the run. The calls whose failures opened it, and those already in flight that
-  fail after it, are the outage's evidence, not the rows' fault: the job gives their attempt
-  back (see ``snapshot_detach``). Nothing is remembered between runs (no job state outside the
-  outbox): every run starts half-open, with ``detach_concurrency_min`` calls in flight, so a
-  run during an outage makes at most ``breaker_failure_threshold + detach_concurrency_min - 1``
-  calls before it stops, and the first run after recovery drains the backlog.
+- **Run deadline** (issue 27): the gate holds the run's :class:`~include.pin_maintenance.parallel.
+  Deadline`, which ends ``max_run_duration_seconds + detach_call_timeout_seconds`` after the
+  run started. A call starts only while the deadline still allows a whole call
+  (``deadline.allows(call_seconds)``), so every call that starts ends before the deadline;
+  every wait in the gate takes its timeout from it.
+- **Misrouting breaker** (issue 27): while the run has had no 2xx, the first
+  ``misroute_quarantine_limit`` 404s quarantine their rows as usual; the next 404 says the
+  route, not the snapshots, is wrong. Calls stop for the run, and that 404 and every later
+  one are the misroute's evidence: their rows get their attempt back.
+- **Circuit breaker** (systemic failure): ``breaker_failure_threshold`` consecutive failed calls
+  (transport error, timeout, any 5xx) open it; any other answer (2xx, 4xx, 429) resets the
+  count, so scattered 503s among successes never open it. A failure of a call that started
+  before the limit's last cut is part of the congestion event that cut already answered (the
+  burst of refusals after an overshoot) and does not count towards the threshold (with the
+  median baseline the limit grows fast enough to overshoot a fixed capacity by more than the
+  threshold); if the breaker does open, those rows are given back with the streak's. Once open,
+  no call starts for the rest of the run. The calls whose failures opened it, and those already
+  in flight that fail after it, are the outage's evidence, not the rows' fault: the job gives
+  their attempt back (see ``snapshot_detach``). Nothing is remembered between runs (no job state
+  outside the outbox): every run starts half-open, with ``detach_concurrency_min`` calls in
+  flight, so a run during an outage makes at most ``breaker_failure_threshold +
+  detach_concurrency_min - 1`` calls before it stops, and the first run after recovery drains
+  the backlog.
 
 :class:`CallGate` is the thread-safe part the worker threads go through; the rules themselves
 (:func:`call_signal`, :class:`AdaptiveLimit`, :class:`Breaker`) are plain objects without
@@ -37,15 +55,20 @@ threads or clocks, table-tested in ``tests/unit``.
 from __future__ import annotations
 
 import math
+import statistics
 import threading
-import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+from include.pin_maintenance.parallel import Deadline
 
-LATENCY_TOLERANCE = 2.0  # healthy answers slower than this times the fastest seen: do not grow
+LATENCY_TOLERANCE = 2.0  # healthy answers slower than this times the baseline: do not grow
+BASELINE_WINDOW = 64  # healthy latencies the baseline (their median) is taken over
+BASELINE_MIN_SAMPLES = 8  # fewer than this: no baseline yet, grow
+WAIT_SLICE_SECONDS = 0.2  # a waiting worker rechecks the stop signal at least this often
 DECREASE_FACTOR = 0.5  # multiplicative cut on a congestion signal
 PLATEAU_FACTOR = 0.1  # growth within one call of the last congestion point
 MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
@@ -103,7 +126,7 @@ class AdaptiveLimit:
     limit: float = 0.0
     threshold: float = 0.0  # slow start (+1 per success) below it, +1/limit above
     epoch: int = 0  # cuts so far; a call remembers the epoch it started in
-    fastest: float = math.inf
+    latencies: deque = field(default_factory=lambda: deque(maxlen=BASELINE_WINDOW))
     ceiling: float = math.inf  # the limit at the last congestion signal
     cuts: int = 0
 
@@ -117,9 +140,17 @@ class AdaptiveLimit:
     def slots(self) -> int:
         return max(self.minimum, min(self.maximum, int(self.limit)))
 
+    @property
+    def baseline(self) -> float:
+        """Median of the recent healthy latencies (inf until there are enough of them)."""
+        if len(self.latencies) < BASELINE_MIN_SAMPLES:
+            return math.inf
+        return statistics.median(self.latencies)
+
     def on_healthy(self, latency: float) -> None:
-        self.fastest = min(self.fastest, latency)
-        if latency > LATENCY_TOLERANCE * self.fastest:
+        baseline = self.baseline  # judged against the answers before this one
+        self.latencies.append(latency)
+        if latency > LATENCY_TOLERANCE * baseline:
             return  # latency does not hold: stay where we are
         step = 1.0 if self.limit < self.threshold else 1.0 / self.limit
         if self.limit >= self.ceiling - 1:
@@ -147,11 +178,16 @@ class Breaker:
     threshold: int
     is_open: bool = False
     streak: list[str] = field(default_factory=list)  # row ids of the current failure streak
+    stale_rows: list[str] = field(default_factory=list)  # failures in it that did not count
     outage_rows: set[str] = field(default_factory=set)
     failures_at_open: int = 0
 
-    def record(self, row_id: str, signal: Signal) -> bool:
-        """Count one finished call; True when this call opened the breaker."""
+    def record(self, row_id: str, signal: Signal, *, stale: bool = False) -> bool:
+        """Count one finished call; True when this call opened the breaker.
+
+        ``stale``: the call started before the limit's last cut; its failure joins the streak's
+        rows (given back if the breaker opens) without counting towards the threshold.
+        """
         counted = counts_for_breaker(signal)
         if self.is_open:
             if counted:
@@ -161,6 +197,10 @@ class Breaker:
             return False
         if not counted:
             self.streak.clear()
+            self.stale_rows.clear()
+            return False
+        if stale:
+            self.stale_rows.append(row_id)
             return False
         self.streak.append(row_id)
         if len(self.streak) < self.threshold:
@@ -168,6 +208,37 @@ class Breaker:
         self.is_open = True
         self.failures_at_open = len(self.streak)
         self.outage_rows.update(self.streak)
+        self.outage_rows.update(self.stale_rows)
+        return True
+
+
+@dataclass
+class Misroute:
+    """404s with no 2xx in the run: after ``limit`` of them the route looks wrong (issue 27)."""
+
+    limit: int
+    is_open: bool = False
+    successes: int = 0
+    quarantined_404s: int = 0  # 404s let through to quarantine while no 2xx was seen
+    rows: set[str] = field(default_factory=set)  # 404 rows given back as the misroute's evidence
+
+    def record(self, row_id: str, outcome: CallOutcome) -> bool:
+        """Count one finished call; True when this call opened the misroute breaker."""
+        code = outcome.status_code
+        if code is not None and 200 <= code < 300:
+            self.successes += 1
+            return False
+        if code != 404:
+            return False
+        if self.is_open:
+            self.rows.add(row_id)
+            return False
+        if self.successes or self.quarantined_404s < self.limit:
+            if not self.successes:
+                self.quarantined_404s += 1
+            return False
+        self.is_open = True
+        self.rows.add(row_id)
         return True
 
 
@@ -186,15 +257,18 @@ class GateStats:
     peak_in_flight: int = 0
     paused_seconds: float = 0.0
     stopped_by_retry_after: bool = False
+    misrouted_at_call: int = 0  # calls admitted when the misroute breaker opened
 
 
 class CallGate:
-    """The thread-safe gate every detach call passes: limit, pause, breaker.
+    """The thread-safe gate every detach call passes: limit, pause, deadline, breakers.
 
     ``acquire`` blocks until the call may start and returns a :class:`Ticket`, or None when it
-    must not be made (breaker open, calls stopped, or a Retry-After pause reaching past the
-    run's bound); ``release`` reports the outcome. ``on_open`` runs once, on the worker thread
-    whose call opened the breaker (it only logs).
+    must not be made (a breaker open, calls stopped, the deadline no longer allows a whole
+    call of ``call_seconds``, or a Retry-After pause reaching past that point); ``release``
+    reports the outcome. ``on_open`` runs once, on the worker thread whose call opened the
+    outage breaker (it only logs). ``deadline`` is the run's one deadline (its clock is the
+    gate's clock).
     """
 
     def __init__(
@@ -203,18 +277,21 @@ class CallGate:
         maximum: int,
         breaker_threshold: int,
         *,
-        deadline: float,
+        deadline: Deadline,
+        call_seconds: float = 0.0,
         stopped: Callable[[], bool],
         on_open: Callable[[Breaker, CallOutcome], None] = lambda breaker, outcome: None,
-        clock: Callable[[], float] = time.monotonic,
+        misroute_limit: int | None = None,
     ) -> None:
         self.limit = AdaptiveLimit(minimum, maximum)
         self.breaker = Breaker(breaker_threshold)
+        self.misroute = Misroute(misroute_limit if misroute_limit is not None else 1 << 30)
         self.stats = GateStats()
         self._deadline = deadline
+        self._call_seconds = call_seconds
         self._stopped = stopped
         self._on_open = on_open
-        self._clock = clock
+        self._clock = deadline.clock
         self._cond = threading.Condition()
         self._in_flight = 0
         self._paused_until = 0.0
@@ -223,9 +300,22 @@ class CallGate:
     def is_open(self) -> bool:
         return self.breaker.is_open
 
+    @property
+    def is_misrouted(self) -> bool:
+        return self.misroute.is_open
+
+    @property
+    def deadline_reached(self) -> bool:
+        """The deadline no longer allows a whole call: no call starts any more."""
+        return not self._deadline.allows(self._call_seconds)
+
     def outage_row(self, row_id: str) -> bool:
         with self._cond:
             return row_id in self.breaker.outage_rows
+
+    def misroute_row(self, row_id: str) -> bool:
+        with self._cond:
+            return row_id in self.misroute.rows
 
     def close(self) -> None:
         """Wake every waiting worker (they then see the stop and return None)."""
@@ -235,22 +325,30 @@ class CallGate:
     def acquire(self) -> Ticket | None:
         with self._cond:
             while True:
-                if self.breaker.is_open or self.stats.stopped_by_retry_after or self._stopped():
+                if (
+                    self.breaker.is_open
+                    or self.misroute.is_open
+                    or self.stats.stopped_by_retry_after
+                    or self._stopped()
+                    or self.deadline_reached
+                ):
                     return None
                 now = self._clock()
                 if self._paused_until > now:
-                    if self._paused_until >= self._deadline:
+                    # the pause must end while a whole call still fits before the deadline
+                    if self._paused_until - now > self._deadline.remaining() - self._call_seconds:
                         self.stats.stopped_by_retry_after = True
                         self._cond.notify_all()
                         return None
-                    self._cond.wait(min(self._paused_until - now, 0.2))
+                    self._cond.wait(self._deadline.timeout(min(self._paused_until - now, 0.2)))
                     continue
                 if self._in_flight < self.limit.slots:
                     self._in_flight += 1
                     self.stats.calls += 1
                     self.stats.peak_in_flight = max(self.stats.peak_in_flight, self._in_flight)
                     return Ticket(self.limit.epoch, now)
-                self._cond.wait(0.2)  # woken by a release; the timeout rechecks the stop signal
+                # woken by a release; the timeout rechecks the stop signal and the deadline
+                self._cond.wait(self._deadline.timeout(WAIT_SLICE_SECONDS))
 
     def release(self, ticket: Ticket, row_id: str, outcome: CallOutcome) -> None:
         opened = False
@@ -260,8 +358,9 @@ class CallGate:
             signal = call_signal(outcome)
             if signal is Signal.HEALTHY:
                 self.limit.on_healthy(now - ticket.started)
-            elif signal in (Signal.THROTTLED, Signal.OVERLOADED):
-                self.limit.on_congestion(ticket.epoch)
+            cut = False
+            if signal in (Signal.THROTTLED, Signal.OVERLOADED):
+                cut = self.limit.on_congestion(ticket.epoch)
             if outcome.status_code in (429, 503):
                 self.stats.throttled += 1
                 wait = outcome.retry_after_seconds
@@ -272,7 +371,13 @@ class CallGate:
                     if until > self._paused_until:
                         self.stats.paused_seconds += until - max(self._paused_until, now)
                         self._paused_until = until
-            opened = self.breaker.record(row_id, signal)
+            # A failure of a call that started before a cut the limit has already made (an
+            # overshoot's burst of refusals, answered at once) is that cut's congestion event,
+            # not more evidence of an outage: it neither extends nor resets the streak.
+            stale = not cut and ticket.epoch < self.limit.epoch
+            opened = self.breaker.record(row_id, signal, stale=stale)
+            if self.misroute.record(row_id, outcome):
+                self.stats.misrouted_at_call = self.stats.calls
             self._cond.notify_all()
         if opened:
             self._on_open(self.breaker, outcome)
