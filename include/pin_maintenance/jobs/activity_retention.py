@@ -78,6 +78,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
 
 from include.pin_maintenance import sql
+from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import (
     Connect,
@@ -802,12 +803,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m include.pin_maintenance.jobs.activity_retention",
         description="Run ActivityRetentionJob once against a database (no Airflow needed).",
     )
-    parser.add_argument("--db-url", required=True, help="libpq URL of the user-activity DB")
+    add_db_arguments(parser, what="user-activity database")
     parser.add_argument("--config", default="", help='JSON object, e.g. {"batch_size": 100}')
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--run-id", default=f"cli__{uuid.uuid4().hex[:8]}")
     parser.add_argument("--lock-timeout-ms", type=int, default=SESSION_SETTINGS.lock_timeout_ms)
     args = parser.parse_args(argv)
+    conninfo = db_conninfo(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
 
     try:
@@ -820,7 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lock_timeout_ms=args.lock_timeout_ms,
         application_name=SESSION_SETTINGS.application_name,
     )
-    connect = configured(lambda: psycopg.connect(args.db_url), settings)
+    connect = configured(lambda: psycopg.connect(conninfo), settings)
     log = JobLog(JOB, args.run_id)
     telemetry = Telemetry.local(log)
     stop = StopSignal()

@@ -30,7 +30,10 @@ Failures:
 
 Run it without Airflow::
 
-    python -m include.pin_maintenance.jobs.slot_expiration --db-url postgresql:///db [--dry-run]
+    python -m include.pin_maintenance.jobs.slot_expiration --db-url postgresql://user@host/db [--dry-run]
+
+The password comes from ``PGPASSWORD``, ``~/.pgpass`` / ``PGPASSFILE``, a service in
+``.pg_service.conf`` or ``--db-password-env VAR``; a password in ``--db-url`` is refused.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from include.pin_maintenance import sql
+from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.jobs.slot_expiration_config import (  # noqa: F401 (re-exported)
@@ -682,11 +686,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--db-url", required=True, help="libpq URL of the calendar database")
+    add_db_arguments(parser, what="calendar database")
     parser.add_argument("--config", help='JSON object of config keys, e.g. {"batch_size": 100}')
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--run-id", default=f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}")
     args = parser.parse_args(argv)
+    conninfo = db_conninfo(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     log = JobLog(JOB, args.run_id)
@@ -696,7 +701,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("config_invalid", error=str(exc))
         return 2
     telemetry = Telemetry.local(log)
-    connect = configured(lambda: psycopg.connect(args.db_url), SESSION)
+    connect = configured(lambda: psycopg.connect(conninfo), SESSION)
     stop = StopSignal()
     try:
         with stop.on_sigterm():
