@@ -30,7 +30,7 @@ Failures:
 
 Run it without Airflow::
 
-    python -m include.pin_maintenance.jobs.slot_expiration --db-url postgresql://user@host/db [--dry-run]
+    python -m include.pin_maintenance.jobs.slot_expiration --db-url postgresql://u@h/db [--dry-run]
 
 The password comes from ``PGPASSWORD``, ``~/.pgpass`` / ``PGPASSFILE``, a service in
 ``.pg_service.conf`` or ``--db-password-env VAR``; a password in ``--db-url`` is refused.
