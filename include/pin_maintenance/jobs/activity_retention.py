@@ -97,6 +97,7 @@ from include.pin_maintenance.telemetry import (
     Alert,
     JobLog,
     Telemetry,
+    error_code,
     set_result,
 )
 
@@ -673,7 +674,10 @@ class _Walk:
         with contextlib.suppress(psycopg.Error):
             conn.rollback()
         batch_ids = batch.log_ids() if batch is not None else {}
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        # the alert carries class + SQLSTATE only (a trigger's RAISE text may hold row values);
+        # the task log keeps the server's first line for whoever debugs it
+        error = error_code(exc)
+        message = str(exc).splitlines()[0] if str(exc) else ""
         self.telemetry.log.error(
             "batch_failed",
             table=self.table,
@@ -681,6 +685,7 @@ class _Walk:
             batch_ids=json.dumps(batch_ids),
             committed_batches=self.batches,
             error=error,
+            message=message[:300],
         )
         self.telemetry.alerts.send(
             Alert(

@@ -75,6 +75,7 @@ from include.pin_maintenance.telemetry import (
     Alert,
     JobLog,
     Telemetry,
+    error_code,
     set_result,
 )
 
@@ -128,7 +129,8 @@ def is_row_error(sqlstate: str | None) -> bool:
 @dataclass(frozen=True)
 class PoisonSlot:
     slot_id: str
-    error: str
+    error: str  # class, SQLSTATE and the server's message: for the log line
+    code: str = ""  # class and SQLSTATE only: for the alert (telemetry.error_code)
 
 
 @dataclass(frozen=True)
@@ -549,7 +551,9 @@ def _expire_batch(
             expired, poison = _expire_isolating(conn, [id_ for id_, _ in rows], cycle.as_of)
     if last_start_at is not None:
         runner.after = last_start_at
-    found = [PoisonSlot(str(slot_id), _describe(error)) for slot_id, error in poison]
+    found = [
+        PoisonSlot(str(slot_id), _describe(error), error_code(error)) for slot_id, error in poison
+    ]
     number, found = cycle.batch_done(expired, found)
     for slot in found:
         _report_poison(cycle, slot, telemetry)
@@ -615,7 +619,7 @@ def _report_poison(cycle: _Cycle, slot: PoisonSlot, telemetry: Telemetry) -> Non
                 POISON_ALERT,
                 "warning",
                 f"slot {slot.slot_id} cannot be expired; left Available for the next cycle",
-                {"slot_id": slot.slot_id, "error": slot.error},
+                {"slot_id": slot.slot_id, "error": slot.code or "unknown"},
             )
         )
 
