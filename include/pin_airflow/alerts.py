@@ -60,6 +60,9 @@ def task_failed_alert(context: Mapping[str, Any]) -> tuple[str, str, Alert]:
         "map_index": getattr(ti, "map_index", None),
         "error": error,
     }
+    caused_by = getattr(exc, "alert_event", None)  # the failure already sent its own alert
+    if isinstance(caused_by, str):
+        details["event"] = caused_by
     log_url = _safe_attr(ti, "log_url")
     if log_url:
         details["log_url"] = log_url
