@@ -286,7 +286,7 @@ def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, see
         "last": str(session_id("t", 15)),
         "count": 5,
     }
-    assert "injected failure" in alert.details["error"]
+    assert alert.details["error"] == "RaiseException P0001"  # class + SQLSTATE, not the text
     assert tel.metrics.counters["activity_retention_batches_processed"] == 2
 
     with db.connect() as conn:
