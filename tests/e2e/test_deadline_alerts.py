@@ -331,7 +331,7 @@ def test_a_run_that_failed_before_its_deadline_pages_task_failed_only(
         received = list(hook.alerts())
 
     print("E2E_FAILED_RUN", json.dumps({"callback_state": callback_state, "alerts": received}))
-    assert ended_before is True
+    assert ended_before is True, "the run did not end before its deadline (machine too slow?)"
     assert callback_state == "success"
     assert [a["alert"] for a in received] == ["task_failed"], received
     assert received[0]["run_id"] == run_id
