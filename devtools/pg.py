@@ -123,6 +123,23 @@ class Database:
     def connect(self, **kwargs) -> psycopg.Connection:
         return psycopg.connect(self.url, **kwargs)
 
+    @property
+    def cli_url(self) -> str:
+        """The URL for a job CLI's ``--db-url``: without the password (the CLIs refuse one)."""
+        return without_password(self.url)[0]
+
+    @property
+    def cli_env(self) -> dict[str, str]:
+        """The environment that gives a job CLI the password (``PGPASSWORD``), if there is one."""
+        return without_password(self.url)[1]
+
+
+def without_password(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without its password, and ``{"PGPASSWORD": ...}`` when it had one."""
+    params = conninfo_to_dict(url)
+    password = params.pop("password", None)
+    return make_conninfo(**params), ({"PGPASSWORD": password} if password else {})
+
 
 def create_database(
     admin: str, name: str, *, template: str | None = None, drop: bool = True

@@ -11,11 +11,12 @@ time: nothing here does I/O at import.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from include.pin_maintenance.config import ConfigError
-from include.pin_maintenance.telemetry import Alert, Severity
+from include.pin_maintenance.telemetry import Alert, Severity, error_code
 
 TASK_FAILED_SEVERITY: Severity = "critical"
 # A manual run refused for its own bad input (a typo in the trigger form: ConfigError, raised
@@ -23,16 +24,24 @@ TASK_FAILED_SEVERITY: Severity = "critical"
 # still alerted, but not paged. A bad Variable on a scheduled run stays critical (every tick
 # fails until someone fixes it).
 BAD_MANUAL_INPUT_SEVERITY: Severity = "warning"
-MAX_ERROR_CHARS = 300  # one readable line; the task log has the traceback
+# Some failure paths hand the callback a string instead of an exception (Airflow's own
+# wording, "Task received SIGTERM signal"): kept only when it is letters and spaces (no digit,
+# quote, '@', '/', ':' or '=': nothing that can spell a URL, an id, a number or a key=value),
+# else "unknown"; the task log has the text.
+PLAIN_WORDS = re.compile(r"[A-Za-z][A-Za-z_ ]{0,79}")
 
 
-def error_summary(exc: BaseException | None) -> str:
-    """``ClassName: first line of the message`` (truncated), or ``unknown`` without one."""
-    if exc is None:
-        return "unknown"
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
+def error_summary(exc: BaseException | str | None) -> str:
+    """The failure as an alert carries it: class and SQLSTATE / HTTP code, never its text.
+
+    ``telemetry.error_code``: an exception's message can name the database host and user or
+    carry a trigger's ``RAISE`` text with row values; Airflow's secrets masker sees task logs,
+    not alert payloads. The traceback and the message stay in the task log.
+    """
+    if exc is None or isinstance(exc, BaseException):
+        return error_code(exc)
+    text = str(exc).strip()
+    return text if PLAIN_WORDS.fullmatch(text) else "unknown"
 
 
 def task_failed_alert(context: Mapping[str, Any]) -> tuple[str, str, Alert]:
@@ -43,10 +52,7 @@ def task_failed_alert(context: Mapping[str, Any]) -> tuple[str, str, Alert]:
     run_id = str(context.get("run_id") or getattr(ti, "run_id", None) or "unknown")
     task_id = str(getattr(ti, "task_id", None) or "unknown")
     exc = context.get("exception")  # an exception, or a string for some failure paths
-    if exc is None or isinstance(exc, BaseException):
-        error = error_summary(exc)
-    else:
-        error = str(exc)[:MAX_ERROR_CHARS]
+    error = error_summary(exc)
     details: dict[str, Any] = {
         "task_id": task_id,
         "try_number": getattr(ti, "try_number", None),
@@ -54,6 +60,9 @@ def task_failed_alert(context: Mapping[str, Any]) -> tuple[str, str, Alert]:
         "map_index": getattr(ti, "map_index", None),
         "error": error,
     }
+    caused_by = getattr(exc, "alert_event", None)  # the failure already sent its own alert
+    if isinstance(caused_by, str):
+        details["event"] = caused_by
     log_url = _safe_attr(ti, "log_url")
     if log_url:
         details["log_url"] = log_url

@@ -37,6 +37,40 @@ class Alert:
         return f"{self.name}:{json.dumps(self.details, sort_keys=True, default=str)}"
 
 
+def error_code(exc: BaseException | None) -> str:
+    """An exception as an alert may carry it: its class and, when it has one, its code.
+
+    ``"ClassName"`` plus the SQLSTATE of a database error (``"RaiseException P0001"``) or the
+    HTTP status of an HTTP error (``"HTTPError 503"``); for a chained exception the cause's code
+    when the exception itself has none. Never the message: a database error's text can name the
+    host and user (a failed connection) or carry row values (a trigger's ``RAISE``), an HTTP
+    error's text its URL; only the task log gets the text. The rule of ``last_error`` (DESIGN
+    section 6) and of the span's ``error.type``, for alert details and summaries.
+    """
+    if exc is None:
+        return "unknown"
+    name = type(exc).__name__
+    for candidate in (exc, exc.__cause__):
+        code = _code_of(candidate)
+        if code:
+            return f"{name} {code}"
+    return name
+
+
+def _code_of(exc: BaseException | None) -> str | None:
+    if exc is None:
+        return None
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and len(sqlstate) == 5 and sqlstate.isalnum():
+        return sqlstate
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if status is None:
+        status = getattr(exc, "status", None)
+    if isinstance(status, int) and 100 <= status <= 599:
+        return str(status)
+    return None
+
+
 class MetricsSink(Protocol):
     def incr(self, name: str, count: int = 1) -> None: ...
     def gauge(self, name: str, value: float) -> None: ...

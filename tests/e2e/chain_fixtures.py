@@ -10,7 +10,9 @@ Alertmanager -> a recording webhook.
 A missing tool skips the suite with a message naming it. Each daemon is our own process on free
 loopback ports with its own data directory under the test's temp dir, stopped by its pid. The
 Prometheus config is generated here (1 s scrape and evaluation); the rules are
-``ops/prometheus/alerts.yml`` as shipped.
+``ops/prometheus/alerts.yml`` as shipped, and Alertmanager runs
+``ops/alertmanager/alertmanager.yml`` as shipped, its receiver's URL pointed at the recording
+webhook.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from tests.e2e.loopback import RecordingWebhook
 REPO = Path(__file__).resolve().parents[2]
 MAPPING = REPO / "ops" / "statsd" / "mapping.yml"
 RULES = REPO / "ops" / "prometheus" / "alerts.yml"
+ALERTMANAGER = REPO / "ops" / "alertmanager" / "alertmanager.yml"
 ENSURE = REPO / "devtools" / "ensure_system_packages.sh"
 STATSD_EXPORTER_ENV = "STATSD_EXPORTER"
 SCRAPE_SECONDS = 1
@@ -233,18 +236,13 @@ def prometheus_config(exporter_web: str, alertmanager: str) -> dict[str, Any]:
 
 
 def alertmanager_config(receiver_url: str) -> dict[str, Any]:
-    return {
-        "route": {
-            "receiver": "test",
-            "group_by": ["alertname", "dag_id"],
-            "group_wait": "1s",
-            "group_interval": "1s",
-            "repeat_interval": "1h",
-        },
-        "receivers": [
-            {"name": "test", "webhook_configs": [{"url": receiver_url, "send_resolved": False}]}
-        ],
-    }
+    """``ops/alertmanager/alertmanager.yml`` as shipped (route, group_by, timings, inhibit_rules);
+    only its one receiver's URL points at the loopback receiver."""
+    config = yaml.safe_load(ALERTMANAGER.read_text())
+    [pager] = config["receivers"]
+    [webhook] = pager["webhook_configs"]
+    webhook["url"] = receiver_url
+    return config
 
 
 def start_chain(tmp: Path, tools: dict[str, str], receiver: RecordingWebhook) -> Chain:

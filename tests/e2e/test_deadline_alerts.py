@@ -256,3 +256,83 @@ def test_deadline_fires_once_per_late_run_and_survives_reparse(
         line.startswith(f"airflow.dagrun.duration.success.{DAG_ID}:") and line.endswith("|ms")
         for line in durations
     ), durations
+
+
+FAILED_DAG_ID = "pin_fixture_deadline_failed_e2e"
+FAILED_FIXTURE = FIXTURE.parent / "e2e_deadline_failed"
+
+
+def test_a_run_that_failed_before_its_deadline_pages_task_failed_only(
+    tmp_path: Path, pg_admin_url: str, metadata_db: pg.Database
+) -> None:
+    """Airflow 3.3.2 keeps a failed run's deadline (it prunes them on success only) and the
+    scheduler runs the callback once the deadline passes; the callback reads the run's state
+    from its context and stays silent: the failure paged once, as ``task_failed``."""
+    from tests.dags.fixtures_dags.e2e_deadline_failed.pin_fixture_deadline_failed_e2e import (
+        DEADLINE_SECONDS,
+        SECRET,
+    )
+
+    dags = tmp_path / "dags"
+    shutil.copytree(FAILED_FIXTURE, dags)
+    url = metadata_db.url
+    run_id = "e2e_failed_run"
+    with (
+        RecordingWebhook() as hook,
+        deadline_airflow(
+            tmp_path,
+            admin_url=pg_admin_url,
+            database=metadata_db,
+            dags=dags,
+            webhook_url=hook.url,
+            extra_env={},
+        ) as af,
+    ):
+        wait_for(
+            lambda: (
+                af.check_alive()
+                or _scalar(url, "select count(*) from dag_version where dag_id = %s", FAILED_DAG_ID)
+            ),
+            timeout=90,
+            what=f"{FAILED_DAG_ID} parsed\n{af.tail_logs()}",
+        )
+        _cli(af, "dags", "trigger", FAILED_DAG_ID, "--run-id", run_id)
+        state_sql = "select state from dag_run where dag_id = %s and run_id = %s"
+        wait_for(
+            lambda: af.check_alive() or _scalar(url, state_sql, FAILED_DAG_ID, run_id) == "failed",
+            timeout=90,
+            what=f"{run_id} to fail\n{af.tail_logs()}",
+        )
+        ended_before = _scalar(
+            url,
+            "select r.end_date < d.deadline_time from deadline d join dag_run r"
+            " on r.id = d.dagrun_id where r.dag_id = %s and r.run_id = %s",
+            FAILED_DAG_ID,
+            run_id,
+        )
+        # the scheduler handles the deadline as missed and the callback runs to its end
+        callback_sql = (
+            "select c.state from deadline d join dag_run r on r.id = d.dagrun_id"
+            " join callback c on c.id = d.callback_id"
+            " where r.dag_id = %s and r.run_id = %s and d.missed"
+        )
+
+        def callback_done() -> object:
+            af.check_alive()
+            state = _scalar(url, callback_sql, FAILED_DAG_ID, run_id)
+            return state if state in ("success", "failed") else None
+
+        callback_state = wait_for(
+            callback_done,
+            timeout=DEADLINE_SECONDS + 90,
+            what=f"the deadline callback of {run_id}\n{af.tail_logs()}",
+        )
+        time.sleep(3)  # a webhook POST the callback made would have arrived by now
+        received = list(hook.alerts())
+
+    print("E2E_FAILED_RUN", json.dumps({"callback_state": callback_state, "alerts": received}))
+    assert ended_before is True, "the run did not end before its deadline (machine too slow?)"
+    assert callback_state == "success"
+    assert [a["alert"] for a in received] == ["task_failed"], received
+    assert received[0]["run_id"] == run_id
+    assert SECRET not in json.dumps(received)

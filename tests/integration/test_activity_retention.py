@@ -300,7 +300,7 @@ def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, see
         "count": 5,
         "ids": [str(i) for i in ids(11, 15)],
     }
-    assert "injected failure" in alert.details["error"]
+    assert alert.details["error"] == "RaiseException P0001"  # class + SQLSTATE, not the text
     assert tel.metrics.counters["activity_retention_deleted_action_events"] == 20
     # no session batch is complete: the run stopped in its first (action_events) step
     assert tel.metrics.counters["activity_retention_batches_processed"] == 0
@@ -612,14 +612,14 @@ def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path
             "-m",
             "include.pin_maintenance.jobs.activity_retention",
             "--db-url",
-            _named_url(db),
+            _named_url(db.cli_url),
             "--config",
             json.dumps({"batch_size": 5}),
             "--lock-timeout-ms",
             "120000",
         ],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **db.cli_env, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
         stderr=job_log,
     )
@@ -667,11 +667,11 @@ def _start_cli(db, log_file, *args: str) -> subprocess.Popen:
             "-m",
             "include.pin_maintenance.jobs.activity_retention",
             "--db-url",
-            _named_url(db),
+            _named_url(db.cli_url),
             *args,
         ],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **db.cli_env, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
         stderr=log_file,
     )
@@ -737,12 +737,12 @@ def test_cli_with_invalid_config_fails_before_any_delete(db, seeded, variable, k
             "-m",
             "include.pin_maintenance.jobs.activity_retention",
             "--db-url",
-            _named_url(db),
+            _named_url(db.cli_url),
             "--config",
             json.dumps(variable),
         ],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **db.cli_env, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=60,
@@ -815,17 +815,17 @@ def _job_backends(db) -> dict[str, int]:
     return dict(rows)
 
 
-def _named_url(db) -> str:
+def _named_url(url: str) -> str:
     """The test database with the job's application_name as a startup parameter: the job sets
     its name per transaction only (db.configured), so an idle job connection would otherwise
     show the role's default and the backend counts below could not tell it from others."""
-    return make_conninfo(db.url, application_name=job.SESSION_SETTINGS.application_name)
+    return make_conninfo(url, application_name=job.SESSION_SETTINGS.application_name)
 
 
 def _patient(db) -> job.Connect:
     """The job's connections with a long lock_timeout (a test holds a row lock for a while)."""
     return configured(
-        lambda: psycopg.connect(_named_url(db)),
+        lambda: psycopg.connect(_named_url(db.url)),
         SessionSettings(
             statement_timeout_ms=120_000,
             lock_timeout_ms=120_000,
@@ -900,7 +900,7 @@ def test_a_failed_batch_with_several_loops_leaves_whole_batches(db, seeded):
         conn.commit()
     tel = telemetry()
 
-    with pytest.raises(job.BatchFailed, match="injected failure"):
+    with pytest.raises(job.BatchFailed, match="RaiseException P0001"):
         job.run(connect_to(db), config(batch_size=5, runners=3), tel, StopSignal())
 
     left = existing(db, "action_events", "session_id", ids(1, 30))

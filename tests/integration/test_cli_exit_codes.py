@@ -7,6 +7,7 @@ rejects), nothing else done.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -93,7 +94,12 @@ def test_retention_cli_exits_1_on_a_failed_batch(db) -> None:
             (sid,),
         )
         conn.execute("insert into user_activity.session_notes values (%s, %s)", (uuid.uuid4(), sid))
-    done = cli("include.pin_maintenance.jobs.activity_retention", "--db-url", db.url)
+    done = cli(
+        "include.pin_maintenance.jobs.activity_retention",
+        "--db-url",
+        db.cli_url,
+        env={**os.environ, **db.cli_env},
+    )
     assert done.returncode == 1, done.stderr
     assert "BatchFailed: sessions: batch 0 (1 sessions" in done.stderr
     assert "event=batch_failed" in done.stderr
@@ -101,3 +107,84 @@ def test_retention_cli_exits_1_on_a_failed_batch(db) -> None:
     with db.connect() as conn:
         left = conn.execute("select count(*) from user_activity.sessions").fetchone()[0]
     assert left == 1  # rolled back, nothing half-done
+
+
+# ---------------------------------------------------------------------------------------------
+# no password on a command line (any local user reads it in ps): refused, with what to use
+
+
+SECRET = "pw-on-argv-7d2e"
+
+
+@pytest.mark.parametrize("module", README_MODULES)
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgresql://pin:{SECRET}@127.0.0.1:5432/pin",
+        f"postgresql://pin@127.0.0.1:5432/pin?password={SECRET}",
+        f"host=127.0.0.1 user=pin password={SECRET} dbname=pin",
+    ],
+    ids=["userinfo", "query", "keyword"],
+)
+def test_a_password_in_db_url_is_refused_before_connecting(module: str, url: str) -> None:
+    args = ["--selections-url", "http://127.0.0.1:1"] if module.endswith("_cli") else []
+    done = cli(module, "--db-url", url, *args)
+    assert done.returncode == 2, done.stderr
+    assert "--db-url must not carry a password" in done.stderr
+    for source in ("PGPASSWORD", "PGPASSFILE", "pg_service.conf", "--db-password-env"):
+        assert source in done.stderr, source
+    assert SECRET not in done.stderr + done.stdout  # never echoed back
+    assert "event=" not in done.stderr  # refused before the job started
+
+
+def _slot_cli(db, url: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return cli(
+        "include.pin_maintenance.jobs.slot_expiration", "--db-url", url, "--dry-run", env=env
+    )
+
+
+def test_the_password_comes_from_libpq_sources_or_a_named_variable(db, tmp_path) -> None:
+    """The CLI connects through libpq's sources as they are (PGPASSWORD when the suite's
+    server has a password; a service file) and through --db-password-env; a named variable
+    that is not set is refused. (The embedded server trusts local connections, so which
+    password reaches it is checked in tests/unit/test_cli_db.py.)"""
+    base = db.cli_url
+    env = {**os.environ, **db.cli_env}
+    # PGPASSWORD (libpq's own variable; the test server's own password, if it has one)
+    done = _slot_cli(db, base, env)
+    assert done.returncode == 0, done.stderr
+    # a connection service: --db-url "service=NAME" with PGSERVICEFILE
+    from psycopg.conninfo import conninfo_to_dict
+
+    params = conninfo_to_dict(base)
+    service = tmp_path / "pg_service.conf"
+    service.write_text(
+        "[pin_test]\n" + "".join(f"{k}={v}\n" for k, v in params.items() if k != "password")
+    )
+    done = _slot_cli(db, "service=pin_test", {**env, "PGSERVICEFILE": str(service)})
+    assert done.returncode == 0, done.stderr
+    # --db-password-env VAR
+    password = db.cli_env.get("PGPASSWORD", "unused-by-a-trusting-server")
+    no_pgpassword = {k: v for k, v in env.items() if k != "PGPASSWORD"}
+    done = cli(
+        "include.pin_maintenance.jobs.slot_expiration",
+        "--db-url",
+        base,
+        "--db-password-env",
+        "PIN_TEST_DB_PASSWORD",
+        "--dry-run",
+        env={**no_pgpassword, "PIN_TEST_DB_PASSWORD": password},
+    )
+    assert done.returncode == 0, done.stderr
+    # ... and the variable must exist
+    done = cli(
+        "include.pin_maintenance.jobs.slot_expiration",
+        "--db-url",
+        base,
+        "--db-password-env",
+        "PIN_TEST_NO_SUCH_VARIABLE",
+        "--dry-run",
+        env={k: v for k, v in env.items() if k != "PIN_TEST_NO_SUCH_VARIABLE"},
+    )
+    assert done.returncode == 2
+    assert "PIN_TEST_NO_SUCH_VARIABLE" in done.stderr

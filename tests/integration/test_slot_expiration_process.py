@@ -39,9 +39,9 @@ def slots_db(db: Database) -> Database:
 
 def start_cli(db: Database, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", se.__name__, "--db-url", db.url, "--run-id", "proc-test", *args],
+        [sys.executable, "-m", se.__name__, "--db-url", db.cli_url, "--run-id", "proc-test", *args],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **db.cli_env, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.pg import Database
 from devtools.selections_service import DEFAULT_LOGIN, DEFAULT_PASSWORD, SelectionsService
 from tests.integration.snapshot_detach_fixtures import (
     config,
@@ -32,15 +33,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _start_worker(db_url: str, svc_url: str, cfg: dict) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "SELECTIONS_PASSWORD": DEFAULT_PASSWORD}
+def _start_worker(db: Database, svc_url: str, cfg: dict) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        **db.cli_env,
+        "PYTHONPATH": str(REPO),
+        "SELECTIONS_PASSWORD": DEFAULT_PASSWORD,
+    }
     return subprocess.Popen(
         [
             sys.executable,
             "-m",
             "include.pin_maintenance.jobs.snapshot_detach_cli",
             "--db-url",
-            db_url,
+            db.cli_url,
             "--selections-url",
             svc_url,
             "--login",
@@ -67,7 +73,7 @@ def _wait_for(predicate, timeout: float = 60) -> None:
 def test_sigkill_mid_batch_then_normal_run_finishes_every_row(db):
     entries = insert_entries(db, 60)
     with SelectionsService(latency_ms=100) as svc:
-        worker = _start_worker(db.url, svc.url, {"batch_size": 20, "detach_concurrency": 2})
+        worker = _start_worker(db, svc.url, {"batch_size": 20, "detach_concurrency": 2})
         try:
             _wait_for(lambda: len(svc.calls) >= 5 or worker.poll() is not None)
             assert worker.poll() is None, worker.stderr.read()
@@ -111,7 +117,7 @@ def test_sigterm_stops_between_rows_and_costs_no_attempt(db):
     recorded, claimed rows not yet called get their attempt back, the worker exits cancelled."""
     entries = insert_entries(db, 30)
     with SelectionsService(latency_ms=150) as svc:
-        worker = _start_worker(db.url, svc.url, {"batch_size": 10, "detach_concurrency": 1})
+        worker = _start_worker(db, svc.url, {"batch_size": 10, "detach_concurrency": 1})
         try:
             _wait_for(lambda: len(svc.calls) >= 3 or worker.poll() is not None)
             assert worker.poll() is None

@@ -153,6 +153,46 @@ def test_on_deadline_missed_posts_to_webhook(monkeypatch) -> None:
     assert sent["details"]["deadline_id"] == "0199-dead"
 
 
+def _context(state: str, end_date: str | None, deadline_time: object) -> dict:
+    return {
+        "dag_run": {**CONTEXT["dag_run"], "state": state, "end_date": end_date},
+        "deadline": {"id": "0199-dead", "deadline_time": deadline_time},
+    }
+
+
+@pytest.mark.parametrize(
+    ("state", "end_date", "deadline_time", "silent"),
+    [
+        # the shapes seen under the 3.3.2 scheduler: ISO end date, "YYYY-MM-DD HH:MM:SS+00:00"
+        ("failed", "2026-01-01T00:05:09.5Z", "2026-01-01 00:15:01.000001+00:00", True),
+        ("success", "2026-01-01T00:05:09Z", "2026-01-01T00:15:01+00:00", True),
+        ("failed", "2026-01-01T00:16:00Z", "2026-01-01T00:15:01+00:00", False),  # late, then failed
+        ("running", None, "2026-01-01T00:15:01+00:00", False),
+        ("queued", None, "2026-01-01T00:15:01+00:00", False),
+        ("failed", None, "2026-01-01T00:15:01+00:00", False),  # unknown end: alert
+        ("failed", "2026-01-01T00:05:09Z", "not a time", False),
+    ],
+)
+def test_a_run_that_ended_before_its_deadline_is_not_alerted(
+    monkeypatch, state, end_date, deadline_time, silent
+) -> None:
+    with RecordingWebhook() as hook:
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_ALERTS_WEBHOOK", json.dumps({"conn_type": "http", "host": hook.url})
+        )
+        context = _context(state, end_date, deadline_time)
+        assert deadlines.finished_before_deadline(context) is silent
+        on_deadline_missed(context=context, variable="v", default_seconds=600)
+    assert [a["alert"] for a in hook.received] == ([] if silent else ["deadline_missed"])
+
+
+def test_a_datetime_deadline_time_is_compared_too() -> None:
+    from datetime import UTC, datetime
+
+    due = datetime(2026, 1, 1, 0, 15, 1, tzinfo=UTC)
+    assert deadlines.finished_before_deadline(_context("failed", "2026-01-01T00:05:00Z", due))
+
+
 def test_deadlines_module_does_no_io_at_import() -> None:
     """Parse-time safety: importing builds nothing that touches Variables or the DB."""
     import ast

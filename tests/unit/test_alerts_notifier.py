@@ -199,6 +199,10 @@ def test_alertmanager_gets_a_v2_alert_and_the_webhook_its_payload(monkeypatch, r
         "alertname": "snapshot_detach_quarantined",
         "severity": "critical",
         "dag_id": "news_snapshot_detach_retry",
+        # one page per event (ops/alertmanager/alertmanager.yml inhibits its rule)
+        "pin_event": "snapshot_detach_quarantined",
+        "pin_detail": "true",
+        "pin_alert_id": posted["labels"]["pin_alert_id"],
     }
     assert posted["annotations"]["summary"] == QUARANTINE.summary
     assert posted["annotations"]["runbook_url"] == "docs/runbooks/snapshot-detach-quarantined.md"
@@ -206,7 +210,7 @@ def test_alertmanager_gets_a_v2_alert_and_the_webhook_its_payload(monkeypatch, r
     assert json.loads(posted["annotations"]["details"]) == QUARANTINE.details
     starts = datetime.fromisoformat(posted["startsAt"])
     ends = datetime.fromisoformat(posted["endsAt"])
-    assert (ends - starts).total_seconds() == notify.ALERTMANAGER_EVENT_SECONDS
+    assert (ends - starts).total_seconds() == notify.EVENTS["snapshot_detach_quarantined"].seconds
     assert starts.tzinfo is not None
 
 
@@ -241,3 +245,94 @@ def test_alertmanager_rejecting_the_alert_is_logged_not_raised(monkeypatch, reco
     assert len(manager.received) == 1
     [failure] = records.lines("PIN_ALERT_DELIVERY_FAILED")
     assert "target=alertmanager" in failure.getMessage() and "status=400" in failure.getMessage()
+
+
+# --- one page per event: the labels the shipped inhibition keys on ----------------------------
+
+
+def _body(alert: str, details: dict, dag_id: str = "news_snapshot_detach_retry") -> dict:
+    return {
+        "alert": alert,
+        "severity": "warning",
+        "dag_id": dag_id,
+        "run_id": "r",
+        "summary": "s",
+        "details": details,
+    }
+
+
+def test_an_event_alert_is_identified_by_its_subject_not_its_run() -> None:
+    first = notify.alertmanager_labels(_body("snapshot_detach_quarantined", {"snapshot_id": "a"}))
+    again = notify.alertmanager_labels(
+        _body("snapshot_detach_quarantined", {"snapshot_id": "a", "attempts": 3})
+    )
+    other = notify.alertmanager_labels(_body("snapshot_detach_quarantined", {"snapshot_id": "b"}))
+    assert first == again  # the same row seen again refreshes its alert
+    assert first["pin_alert_id"] != other["pin_alert_id"]  # a second quarantine is a new alert
+    assert (first["pin_event"], first["pin_detail"]) == ("snapshot_detach_quarantined", "true")
+
+
+def test_alerts_outside_the_event_table_keep_three_labels() -> None:
+    for name in ("task_failed", "deadline_missed", "selections_auth_failed"):
+        assert set(notify.alertmanager_labels(_body(name, {"error": "X"}))) == {
+            "alertname",
+            "severity",
+            "dag_id",
+        }
+
+
+def test_task_failed_after_an_event_names_it_without_carrying_the_details() -> None:
+    labels = notify.alertmanager_labels(
+        _body("task_failed", {"event": "retention_batch_failed"}, "user_activity_retention")
+    )
+    assert labels["pin_event"] == "retention_batch_failed"
+    assert "pin_detail" not in labels  # a target of the inhibition, never its source
+    unknown = notify.alertmanager_labels(_body("task_failed", {"event": "made_up"}))
+    assert "pin_event" not in unknown
+
+
+def test_an_event_alert_outlives_every_rule_it_inhibits() -> None:
+    """Each event's task alert stays active longer than its rule fires after the last event:
+    the rule's counting window (the ``[W]`` of ``increase``) plus 5 min for scrape, evaluation
+    and Prometheus' resend. (A ``for:`` only delays when a rule starts: events keep coming
+    meanwhile, each one refreshing its task alert.)"""
+    import re
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[2]
+    rules = [
+        rule
+        for group in yaml.safe_load((repo / "ops/prometheus/alerts.yml").read_text())["groups"]
+        for rule in group["rules"]
+        if "pin_event" in rule.get("labels", {})
+    ]
+    units = {"m": 60, "h": 3600, "d": 86400}
+    assert {r["labels"]["pin_event"] for r in rules} <= set(notify.EVENTS)
+    for rule in rules:
+        windows = [
+            int(n) * units[u]
+            for n, u in re.findall(r"increase\([^\[]*\[(\d+)([mhd])\]\)", rule["expr"])
+        ]
+        fires_for = max(windows) + 300
+        seconds = notify.alertmanager_seconds(rule["labels"]["pin_event"], rule["labels"]["dag_id"])
+        assert seconds > fires_for, (rule["alert"], seconds, fires_for)
+
+
+def test_scrub_redacts_userinfo_and_credential_values() -> None:
+    text = "failed: https://svc:hunter2@host/x?token=abc123 and password = s3cr3t; user=pin"
+    cleaned = notify.scrub({"summary": text, "nested": [text], "n": 3})
+    assert "hunter2" not in json.dumps(cleaned)
+    assert "abc123" not in json.dumps(cleaned) and "s3cr3t" not in json.dumps(cleaned)
+    assert "https://***@host/x" in cleaned["summary"] and "user=pin" in cleaned["summary"]
+    assert cleaned["n"] == 3
+
+
+def test_the_notifier_scrubs_the_log_line_and_both_posts(monkeypatch, records) -> None:
+    leaky = Alert("task_failed", "critical", "at postgresql://u:pw-leak@db/x", {"e": "pwd=pw-leak"})
+    with RecordingWebhook() as hook, RecordingWebhook() as manager:
+        use_webhook(monkeypatch, hook.url)
+        use_alertmanager(monkeypatch, manager.url.removesuffix("/alerts"))
+        Notifier("d", "r", logging.getLogger("test_alerts_notifier")).send(leaky)
+    [line] = records.lines("PIN_ALERT ")
+    assert "pw-leak" not in json.dumps([hook.received, manager.received]) + line.getMessage()

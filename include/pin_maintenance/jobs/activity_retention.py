@@ -94,6 +94,7 @@ from opentelemetry.trace import Span
 from psycopg import pq
 
 from include.pin_maintenance import sql
+from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import (
     Connect,
@@ -115,6 +116,7 @@ from include.pin_maintenance.telemetry import (
     Alert,
     JobLog,
     Telemetry,
+    error_code,
     set_result,
 )
 
@@ -209,6 +211,10 @@ class _Batch:
 
 class BatchFailed(RuntimeError):
     """A batch failed and was rolled back; earlier batches of the step stay committed."""
+
+    # the task fails with this after it sent retention_batch_failed (with the batch's ids):
+    # the task_failed alert names that event, so the two page once (ops/README.md)
+    alert_event = "retention_batch_failed"
 
 
 @dataclass(frozen=True)
@@ -845,7 +851,10 @@ class _Walk:
         with contextlib.suppress(psycopg.Error):
             conn.rollback()
         batch_ids: dict[str, Any] = batch.log_ids() if batch is not None else {}
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        # the alert carries class + SQLSTATE only (a trigger's RAISE text may hold row values);
+        # the task log keeps the server's first line for whoever debugs it
+        error = error_code(exc)
+        message = str(exc).splitlines()[0] if str(exc) else ""
         self.telemetry.log.error(
             "batch_failed",
             table=self.table,
@@ -853,6 +862,7 @@ class _Walk:
             batch_ids=json.dumps(batch_ids),
             committed_batches=self.batches,
             error=error,
+            message=message[:300],
         )
         self.telemetry.alerts.send(
             Alert(
@@ -987,12 +997,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m include.pin_maintenance.jobs.activity_retention",
         description="Run ActivityRetentionJob once against a database (no Airflow needed).",
     )
-    parser.add_argument("--db-url", required=True, help="libpq URL of the user-activity DB")
+    add_db_arguments(parser, what="user-activity database")
     parser.add_argument("--config", default="", help='JSON object, e.g. {"batch_size": 100}')
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--run-id", default=f"cli__{uuid.uuid4().hex[:8]}")
     parser.add_argument("--lock-timeout-ms", type=int, default=SESSION_SETTINGS.lock_timeout_ms)
     args = parser.parse_args(argv)
+    conninfo = db_conninfo(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stderr)
 
     try:
@@ -1005,7 +1016,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         lock_timeout_ms=args.lock_timeout_ms,
         application_name=SESSION_SETTINGS.application_name,
     )
-    connect = configured(lambda: psycopg.connect(args.db_url), settings)
+    connect = configured(lambda: psycopg.connect(conninfo), settings)
     log = JobLog(JOB, args.run_id)
     telemetry = Telemetry.local(log)
     stop = StopSignal()

@@ -30,7 +30,10 @@ Failures:
 
 Run it without Airflow::
 
-    python -m include.pin_maintenance.jobs.slot_expiration --db-url postgresql:///db [--dry-run]
+    python -m include.pin_maintenance.jobs.slot_expiration --db-url postgresql://u@h/db [--dry-run]
+
+The password comes from ``PGPASSWORD``, ``~/.pgpass`` / ``PGPASSFILE``, a service in
+``.pg_service.conf`` or ``--db-password-env VAR``; a password in ``--db-url`` is refused.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from include.pin_maintenance import sql
+from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import (
     Connect,
@@ -71,6 +75,7 @@ from include.pin_maintenance.telemetry import (
     Alert,
     JobLog,
     Telemetry,
+    error_code,
     set_result,
 )
 
@@ -131,7 +136,8 @@ def is_row_error(sqlstate: str | None) -> bool:
 @dataclass(frozen=True)
 class PoisonSlot:
     slot_id: str
-    error: str
+    error: str  # class, SQLSTATE and the server's message: for the log line
+    code: str = ""  # class and SQLSTATE only: for the alert (telemetry.error_code)
 
 
 @dataclass(frozen=True)
@@ -598,7 +604,9 @@ def _expire_batch(
             expired, poison = _expire_isolating(conn, [id_ for id_, _ in rows], cycle.as_of)
     if last_start_at is not None:
         runner.after = last_start_at
-    found = [PoisonSlot(str(slot_id), _describe(error)) for slot_id, error in poison]
+    found = [
+        PoisonSlot(str(slot_id), _describe(error), error_code(error)) for slot_id, error in poison
+    ]
     number, found = cycle.batch_done(expired, found)
     for slot in found:
         _report_poison(cycle, slot, telemetry)
@@ -664,7 +672,7 @@ def _report_poison(cycle: _Cycle, slot: PoisonSlot, telemetry: Telemetry) -> Non
                 POISON_ALERT,
                 "warning",
                 f"slot {slot.slot_id} cannot be expired; left Available for the next cycle",
-                {"slot_id": slot.slot_id, "error": slot.error},
+                {"slot_id": slot.slot_id, "error": slot.code or "unknown"},
             )
         )
 
@@ -735,11 +743,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--db-url", required=True, help="libpq URL of the calendar database")
+    add_db_arguments(parser, what="calendar database")
     parser.add_argument("--config", help='JSON object of config keys, e.g. {"batch_size": 100}')
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--run-id", default=f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}")
     args = parser.parse_args(argv)
+    conninfo = db_conninfo(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     log = JobLog(JOB, args.run_id)
@@ -749,7 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("config_invalid", error=str(exc))
         return 2
     telemetry = Telemetry.local(log)
-    connect = configured(lambda: psycopg.connect(args.db_url), SESSION)
+    connect = configured(lambda: psycopg.connect(conninfo), SESSION)
     stop = StopSignal()
     try:
         with stop.on_sigterm():

@@ -1,12 +1,14 @@
 """Run the detach retry job once without Airflow (the demo, the benchmark, the crash test).
 
-``python -m include.pin_maintenance.jobs.snapshot_detach_cli --db-url postgresql://... \
+``python -m include.pin_maintenance.jobs.snapshot_detach_cli --db-url postgresql://user@host/news \
 --selections-url http://127.0.0.1:8080 --login pin-maintenance --password-env SELECTIONS_PASSWORD \
 [--config '{"batch_size": 50}'] [--dry-run]``
 
-The password is read from an environment variable, never from the command line (which any
-local user can see in ``ps``). Prints the result as one JSON line; SIGTERM stops the run between
-rows (exit code 3).
+The passwords are read from the environment, never from the command line (which any local
+user can see in ``ps``): the selections one from ``--password-env``, the database one from
+libpq's own sources (``PGPASSWORD``, ``~/.pgpass``, ``.pg_service.conf``) or
+``--db-password-env``; a password in ``--db-url`` is refused. Prints the result as one JSON
+line; SIGTERM stops the run between rows (exit code 3).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import uuid
 
 import psycopg
 
+from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
 from include.pin_maintenance.db import SessionSettings, configured
 from include.pin_maintenance.jobs import snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach_client import (
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--db-url", required=True)
+    add_db_arguments(parser, what="news database")
     parser.add_argument("--selections-url", required=True)
     parser.add_argument("--login", default=None)
     parser.add_argument("--password-env", default="SELECTIONS_PASSWORD")
@@ -44,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true")
     parser.add_argument("--run-id", default=None)
     args = parser.parse_args(argv)
+    conninfo = db_conninfo(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
 
     config = snapshot_detach.CONFIG.resolve(args.config, None)  # fails before any write
@@ -52,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     metrics = RecordingMetrics()
     telemetry = Telemetry.local(log, metrics)
     connect = configured(
-        lambda: psycopg.connect(args.db_url), SessionSettings(application_name="detach-cli")
+        lambda: psycopg.connect(conninfo), SessionSettings(application_name="detach-cli")
     )
     password = os.environ.get(args.password_env)
     client = HttpDetachClient(args.selections_url, lambda: basic_auth_session(args.login, password))

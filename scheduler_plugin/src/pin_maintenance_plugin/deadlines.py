@@ -205,11 +205,59 @@ def deadline_missed_alert(
     return dag_id, run_id, Alert("deadline_missed", DEADLINE_MISSED_SEVERITY, summary, details)
 
 
+# DagRun states that end a run (airflow.utils.state.DagRunState)
+FINISHED_STATES = ("success", "failed")
+
+
+def finished_before_deadline(context: dict[str, Any]) -> bool:
+    """Whether the run had already ended when its deadline passed.
+
+    Airflow 3.3.2 prunes a run's deadlines when it succeeds, not when it fails
+    (``DagRun.update_state``), so the scheduler still handles a failed run's deadline as missed
+    and runs this callback afterwards (apache/airflow#60927; seen here under the scheduler:
+    ``task_failed``, then ``deadline_missed``). The context's ``dag_run`` is read when the miss
+    is handled, so its state and end date say whether the run was late or had already ended.
+    A run that ended after its deadline was late, whatever its outcome, and still alerts.
+    """
+    dag_run = dict(context.get("dag_run") or {})
+    deadline = dict(context.get("deadline") or {})
+    if str(dag_run.get("state")) not in FINISHED_STATES:
+        return False
+    ended = _as_datetime(dag_run.get("end_date"))
+    due = _as_datetime(deadline.get("deadline_time"))
+    return ended is not None and due is not None and ended <= due
+
+
+def _as_datetime(value: object) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
+
+
 def on_deadline_missed(
     context: dict[str, Any], variable: str = "", default_seconds: int = 0, **_: Any
 ) -> None:
-    """The deadline callback (a ``SyncCallback``, run by the executor's callback supervisor)."""
+    """The deadline callback (a ``SyncCallback``, run by the executor's callback supervisor).
+
+    Silent for a run that had already ended before its deadline: a failed run paged once, as
+    ``task_failed``; one event, one page.
+    """
     dag_id, run_id, alert = deadline_missed_alert(
         context, variable=variable, default_seconds=default_seconds
     )
+    if finished_before_deadline(context):
+        log.info(
+            "PIN_ALERT_SUPPRESSED alert=deadline_missed dag_id=%s run_id=%s state=%s "
+            "reason=run_ended_before_its_deadline",
+            dag_id,
+            run_id,
+            alert.details.get("state"),
+        )
+        return
     Notifier(dag_id, run_id).send(alert)

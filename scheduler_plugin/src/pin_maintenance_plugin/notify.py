@@ -5,19 +5,24 @@ The webhook payload is DESIGN section 4's ``{"alert", "severity", "dag_id", "run
 "summary", "details"}``; the webhook is the http connection ``alerts_webhook``. With the http
 connection ``alertmanager`` (host = Alertmanager's base URL, e.g. ``http://alertmanager:9093``),
 each alert is also posted to Alertmanager's v2 API (``POST /api/v2/alerts``) with the labels
-``alertname`` (the alert's name), ``severity`` and ``dag_id`` and the annotations ``summary``,
-``runbook_url``, ``run_id`` and ``details``, so task alerts share the routing, silences and
-dedupe of the Prometheus rules (ops/README.md). It stays active for
-:data:`ALERTMANAGER_EVENT_SECONDS` (an event, not a state). Without either connection the log
-line is the alert. Used by the deadline callback (a scheduler-side process) and, through the
-bundle's ``include.pin_airflow.runtime``, by every task-side alert, so both are delivered the
-same way.
+``alertname`` (the alert's name), ``severity`` and ``dag_id`` (plus, for an event that a
+Prometheus rule also counts, ``pin_event``, ``pin_detail`` and ``pin_alert_id``:
+:func:`alertmanager_labels`) and the annotations ``summary``, ``runbook_url``, ``run_id`` and
+``details``, so task alerts share the routing, silences and dedupe of the Prometheus rules, and
+the shipped inhibition makes one event page once (ops/README.md). It stays active for
+:data:`ALERTMANAGER_EVENT_SECONDS` (an event, not a state), longer for those events.
+Summaries and details pass :func:`scrub` (URL userinfo, ``password=`` values) on the way.
+Without either connection the log line is the alert. Used by the deadline callback (a
+scheduler-side process) and, through the bundle's ``include.pin_airflow.runtime``, by every
+task-side alert, so both are delivered the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, NamedTuple, Protocol
@@ -29,9 +34,38 @@ WEBHOOK_CONNECT_TIMEOUT_SECONDS = 3
 WEBHOOK_READ_TIMEOUT_SECONDS = 5
 ALERTMANAGER_CONN_ID = "alertmanager"
 ALERTMANAGER_ENDPOINT = "api/v2/alerts"
-# an event alert (a quarantine, a failed batch) stays active this long, then resolves by itself;
-# the same 15 min as the event rules of ops/prometheus/alerts.yml
+# a task alert stays active this long in Alertmanager, then resolves by itself (an event, not a
+# state); the same 15 min as the event rules of ops/prometheus/alerts.yml
 ALERTMANAGER_EVENT_SECONDS = 900
+
+
+class EventSpec(NamedTuple):
+    """A task alert that carries one event's details, and a Prometheus rule counts the same
+    events (ops/prometheus/alerts.yml, label ``pin_event``).
+
+    ``identity``: the detail keys that tell one event from another (label ``pin_alert_id``, so
+    a second quarantine is a second alert, while the same poison slot seen again next cycle
+    refreshes the first). ``seconds``: how long it stays active, longer than its rule can fire
+    after the last such event, so the rule stays inhibited (ops/alertmanager/alertmanager.yml)
+    for as long as it fires.
+    """
+
+    identity: tuple[str, ...]
+    seconds: int
+
+
+# One event, one page (ops/README.md, "One page per event"). Rule windows: quarantined 15 min,
+# poison-slot errors 15 min, detach lock 20 min, retention lock 36 h.
+EVENTS: dict[str, EventSpec] = {
+    "snapshot_detach_quarantined": EventSpec(("snapshot_id",), 1800),
+    "slot_expiration_poison_row": EventSpec(("slot_id",), 1800),
+    "retention_batch_failed": EventSpec(("table", "batch_ids"), 1800),
+    "lock_held_too_long": EventSpec(("lock", "pid"), 1800),
+}
+EVENT_SECONDS_BY_DAG = {("lock_held_too_long", "user_activity_retention"): 37 * 3600}
+# a task alert that follows from an event another alert already carries (task_failed after a
+# failed retention batch) names it in this detail key: inhibited by that event's alert
+CAUSED_BY_EVENT = "event"
 # relative to the repository root, like the rules' runbook_url (ops/README.md)
 RUNBOOKS = {
     "deadline_missed": "docs/runbooks/deadline-missed.md",
@@ -80,6 +114,29 @@ def dedupe_key(alert: AlertLike) -> str:
     return f"{alert.name}:{json.dumps(dict(alert.details), sort_keys=True, default=str)}"
 
 
+# The last guard, for text an alert should never have held (alerts carry error classes and
+# codes, telemetry.error_code): the userinfo of a URL and the value of a key=value credential.
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/\s@]+@")
+_CREDENTIAL = re.compile(
+    r"\b(password|passwd|pwd|secret|token|api_key|apikey)(\s*[=:]\s*)[^\s&;,'\"]+",
+    re.IGNORECASE,
+)
+REDACTED = "***"
+
+
+def scrub(value: Any) -> Any:
+    """``value`` with URL userinfo and ``password=...``-style values redacted, in every string
+    of a nested dict/list; anything else is returned as it is."""
+    if isinstance(value, str):
+        value = _USERINFO.sub(rf"\1{REDACTED}@", value)
+        return _CREDENTIAL.sub(rf"\1\2{REDACTED}", value)
+    if isinstance(value, Mapping):
+        return {k: scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub(v) for v in value]
+    return value
+
+
 class WebhookRejectedError(Exception):
     """The webhook answered with a status other than 2xx."""
 
@@ -106,13 +163,14 @@ class Notifier:
         self._seen: set[str] = set()
 
     def payload(self, alert: AlertLike) -> dict[str, Any]:
+        """The alert as posted and logged; free text passes :func:`scrub` on the way."""
         return {
             "alert": alert.name,
             "severity": alert.severity,
             "dag_id": self.dag_id,
             "run_id": self.run_id,
-            "summary": alert.summary,
-            "details": dict(alert.details),
+            "summary": scrub(alert.summary),
+            "details": scrub(dict(alert.details)),
         }
 
     def send(self, alert: AlertLike) -> None:
@@ -157,23 +215,50 @@ class Notifier:
             )
 
 
+def alertmanager_labels(body: Mapping[str, Any]) -> dict[str, str]:
+    """Alertmanager's identity, grouping and inhibition keys for one alert.
+
+    Always ``alertname``, ``severity``, ``dag_id``. An event alert (:data:`EVENTS`) adds
+    ``pin_event`` (shared with its rule), ``pin_detail="true"`` (it carries the details, so it
+    is the one that pages) and ``pin_alert_id`` (the event's identity). An alert that follows
+    from such an event adds only ``pin_event``. Labels stay few: run ids and details are
+    annotations.
+    """
+    name, dag_id = str(body["alert"]), str(body["dag_id"])
+    details = body.get("details") or {}
+    labels = {"alertname": name, "severity": str(body["severity"]), "dag_id": dag_id}
+    spec = EVENTS.get(name)
+    if spec is not None:
+        identity = json.dumps(
+            [name, dag_id, *(details.get(key) for key in spec.identity)],
+            sort_keys=True,
+            default=str,
+        )
+        labels["pin_event"] = name
+        labels["pin_detail"] = "true"
+        labels["pin_alert_id"] = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    elif details.get(CAUSED_BY_EVENT) in EVENTS:
+        labels["pin_event"] = str(details[CAUSED_BY_EVENT])
+    return labels
+
+
+def alertmanager_seconds(name: str, dag_id: str) -> int:
+    """How long a task alert stays active in Alertmanager."""
+    spec = EVENTS.get(name)
+    default = spec.seconds if spec is not None else ALERTMANAGER_EVENT_SECONDS
+    return EVENT_SECONDS_BY_DAG.get((name, dag_id), default)
+
+
 def alertmanager_alerts(
     body: Mapping[str, Any], *, now: datetime | None = None
 ) -> list[dict[str, Any]]:
-    """The webhook payload as Alertmanager v2 ``postableAlerts`` (a list of one alert).
-
-    Labels stay few and low in cardinality (they are Alertmanager's identity, grouping and
-    silencing keys); the run id and the details are annotations.
-    """
+    """The webhook payload as Alertmanager v2 ``postableAlerts`` (a list of one alert)."""
     starts = now or datetime.now(UTC)
-    ends = starts + timedelta(seconds=ALERTMANAGER_EVENT_SECONDS)
+    seconds = alertmanager_seconds(str(body["alert"]), str(body["dag_id"]))
+    ends = starts + timedelta(seconds=seconds)
     return [
         {
-            "labels": {
-                "alertname": str(body["alert"]),
-                "severity": str(body["severity"]),
-                "dag_id": str(body["dag_id"]),
-            },
+            "labels": alertmanager_labels(body),
             "annotations": {
                 "summary": str(body["summary"]),
                 "runbook_url": runbook_for(str(body["alert"]), str(body["dag_id"])),
