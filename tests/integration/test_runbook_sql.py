@@ -510,11 +510,31 @@ def _detach_due_now(db: Database, block: Block) -> None:
     assert one(psql(db, block).rows())["count"] == "2" == str(job_count)
 
 
+# ----------------------------------------------------------- snapshot-detach-misrouted.md
+
+
+@check("snapshot-detach-misrouted.md", "the rows this run quarantined")
+def _detach_misrouted(db: Database, block: Block) -> None:
+    for _ in range(12):
+        insert_entry(db)
+    insert_entry(db, status="Quarantined", attempts=12)  # an older quarantine, another cause
+    with SelectionsService() as svc:
+        svc.set_outage("not_found")  # every call answers 404: a wrong route
+        result = run_job(db, svc)
+    assert result.misrouted
+    counts = {(r["status"], r["last_error"]): int(r["count"]) for r in psql(db, block).rows()}
+    # misroute_quarantine_limit's default quarantined; the 404 that stopped the calls (and any
+    # in flight) given back as Pending, marked; the older quarantine is not listed
+    assert counts.pop(("Quarantined", "HttpNotFound 404")) == 5
+    assert set(counts) <= {("Pending", "HttpNotFound 404; route suspect")}
+    assert 1 <= sum(counts.values()) <= 12 - 5
+
+
 # --------------------------------------------------------- snapshot-detach-quarantined.md
 
 QUARANTINE_CAUSES = {
     "not_found": "HttpNotFound 404",
-    "bad_request": "HttpClientError 400",
+    "bad_request": "HttpBadRequest 400",
     "error_503": "HttpServerError 503; max_attempts 12 reached",
     "slow": "Timeout; max_attempts 12 reached",
     "drop": "ConnectionError; max_attempts 12 reached",
