@@ -19,9 +19,9 @@ from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
 
 
-def test_config_defaults_match_design_section_4():
+def test_config_defaults_match_the_contract():
     assert se.CONFIG.job == "calendar_slot_expiration"
-    # batch_size and max_run_duration_seconds are DESIGN section 4; runners is ours (README)
+    # batch_size and max_run_duration_seconds: docs/design.md, "Configuration"; runners is ours
     assert se.CONFIG.resolve(None, None) == {
         "batch_size": 500,
         "runners": 2,

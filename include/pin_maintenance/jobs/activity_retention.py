@@ -5,7 +5,7 @@ What is deleted: ``user_activity.sessions`` with ``status = 'Inactive' and ended
 ``action_events`` and ``property_object_views``. ``property_object_view_stats`` is never read
 or written (INV-LVS-002: the aggregate outlives the raw views).
 
-Shape (DESIGN section 7): one run is
+Shape (docs/design.md, "How a run flows"): one run is
 
 1. :func:`prepare`: takes the config validated by ``CONFIG.resolve`` (which raises
    ``ConfigError`` before any connection is opened), computes the cutoff and the run deadline
