@@ -86,7 +86,7 @@ def test_successful_detach_marks_done_and_reports(db, service, caplog):
         assert any(f"event={event}" in line for line in lines), event
     assert all("run_id=run_success" in line for line in lines)
     completed = next(line for line in lines if "event=job_completed" in line)
-    assert "succeeded=4" in completed and "retried=0" in completed and "durationMs=" in completed
+    assert "succeeded=4" in completed and "retried=0" in completed and "duration_ms=" in completed
 
 
 def test_empty_run_calls_nothing_and_changes_nothing(db, service):

@@ -160,24 +160,7 @@ DESIGN = REPO / "docs" / "design.md"
 # Names the code logs today that break the convention -> the conventional name. They are
 # renamed in one commit of their own (docs/design.md, "Log vocabulary"); a name stays here only
 # while the code still logs it.
-PENDING_RENAMES: dict[str, str] = {
-    "durationMs": "duration_ms",
-    "duration_seconds": "duration_ms",
-    "skipped_locked": "skipped_locked_count",
-    "errors": "errors_count",
-    "batch": "batch_index",
-    "requeued": "requeued_count",
-    "would_requeue": "would_requeue_count",
-    "DeletedSessions": "deleted_sessions",
-    "DeletedPropertyObjectViews": "deleted_property_object_views",
-    "DeletedActionEvents": "deleted_action_events",
-    "BatchesProcessed": "batches_processed",
-    "HasMore": "has_more",
-    "DryRun": "dry_run",
-    "WouldDeleteSessions": "would_delete_sessions",
-    "WouldDeletePropertyObjectViews": "would_delete_property_object_views",
-    "WouldDeleteActionEvents": "would_delete_action_events",
-}
+PENDING_RENAMES: dict[str, str] = {}
 
 
 def _table_after(heading: str) -> list[list[str]]:
