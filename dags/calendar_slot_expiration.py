@@ -11,13 +11,14 @@ not depend on this job (booking guards reject past slots on their own).
 
 **Owner.** PIN Platform (backend), calendar context.
 
-**Schedule.** Every 5 minutes (`*/5 * * * *`, UTC). One run at a time (`max_active_runs=1`):
-the next tick waits for the running cycle. There is **no global lock**; a second runner (another
-deployment, a manual `airflow tasks test`) is safe because each batch locks its rows with
-`SKIP LOCKED`, so every slot is expired by exactly one runner. In drain mode
-(`max_batches_per_cycle` above 1) the cycle uses this itself: when its first batch comes back
-full it starts up to `runners - 1` more batch loops, each on its own connection, that share the
-backlog the same way (the cycle then holds `runners` server connections at once).
+**Schedule.** Every 5 minutes (`*/5 * * * *`, UTC; the environment setting
+`PIN_CALENDAR_SLOT_EXPIRATION_SCHEDULE` on the dag processor changes the cron). One run at a
+time (`max_active_runs=1`): the next tick waits for the running cycle. There is **no global
+lock**; a second runner (another deployment, a manual `airflow tasks test`) is safe because each
+batch locks its rows with `SKIP LOCKED`, so every slot is expired by exactly one runner. In drain
+mode (`max_batches_per_cycle` above 1) the cycle uses this itself: when its first batch comes
+back full it starts up to `runners - 1` more batch loops, each on its own connection, that share
+the backlog the same way (the cycle then holds `runners` server connections at once).
 
 **Safe to rerun?** Yes, at any time. The selection takes only `Available` rows, so a committed
 batch is never selected again and a second pass is a no-op. A failed run has rolled back only
@@ -77,12 +78,17 @@ from include.pin_airflow.dag_support import (
     dry_run_param,
 )
 from include.pin_airflow.deadlines import deadline_alert
+from include.pin_airflow.schedules import dag_schedule
 from include.pin_maintenance.jobs.slot_expiration_config import CONFIG, CONN_ID, JOB
+
+# Seed 002: every 5 min, UTC; PIN_CALENDAR_SLOT_EXPIRATION_SCHEDULE changes the cron (a bad
+# value is an import error naming it).
+SCHEDULE = dag_schedule(JOB, "*/5 * * * *", "UTC")
 
 
 @dag(
     dag_id=JOB,
-    schedule="*/5 * * * *",
+    schedule=SCHEDULE.timetable(),
     start_date=START_DATE,
     catchup=False,
     # The seed: the next tick never starts while a cycle runs. Runners would stay correct

@@ -8,11 +8,12 @@ this DAG retries `POST /internal/snapshots/{id}/detach` on the selections intern
 exponential backoff until it succeeds (`Done`) or the row is poison (`Quarantined` + alert
 `snapshot_detach_quarantined`).
 
-**Owner.** PIN Engagement (news). **Schedule.** every 5 minutes, UTC. One run handles due rows
-in batches of `batch_size` until a batch comes back short or `max_run_duration_seconds` passes;
-no call starts after that, so a run ends within `max_run_duration_seconds` +
-`detach_call_timeout_seconds` + 5 s (250 s by default) whatever selections' latency does, and
-claimed rows not called get their attempt back.
+**Owner.** PIN Engagement (news). **Schedule.** every 5 minutes, UTC (the seed's polling
+interval; the environment setting `PIN_NEWS_SNAPSHOT_DETACH_RETRY_SCHEDULE` on the dag processor
+changes the cron). One run handles due rows in batches of `batch_size` until a batch comes back
+short or `max_run_duration_seconds` passes; no call starts after that, so a run ends within
+`max_run_duration_seconds` + `detach_call_timeout_seconds` + 5 s (250 s by default) whatever
+selections' latency does, and claimed rows not called get their attempt back.
 
 **Safe to rerun?** Yes, at any time. A run takes the Postgres advisory lock
 `Pin:lock:job:scheduled:news-snapshot-detach-retry` (busy = skipped, success); rows are claimed
@@ -80,14 +81,18 @@ from include.pin_airflow.dag_support import (
     dry_run_param,
 )
 from include.pin_airflow.deadlines import deadline_alert
+from include.pin_airflow.schedules import dag_schedule
 from include.pin_maintenance.jobs.snapshot_detach_config import CONFIG
 
 NEWS_DB_CONN_ID = "news_db"
+# Seed 000's PollingInterval: every 5 min, UTC; PIN_NEWS_SNAPSHOT_DETACH_RETRY_SCHEDULE changes
+# the cron (a bad value is an import error naming it).
+SCHEDULE = dag_schedule(CONFIG.job, "*/5 * * * *", "UTC")
 
 
 @dag(
     dag_id="news_snapshot_detach_retry",
-    schedule="*/5 * * * *",
+    schedule=SCHEDULE.timetable(),
     start_date=START_DATE,
     catchup=False,  # a missed tick has nothing to catch up: the next run takes every due row
     # one run at a time: overlapping runs would only fight over the same advisory lock

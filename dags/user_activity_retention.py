@@ -9,10 +9,11 @@
 **Owner.** PIN Engagement (user-activity), operated by pin-platform.
 
 **Schedule.** `0 3 * * *` Europe/Moscow (nightly window, 00:00 UTC), `max_active_runs=1`, no
-catchup. The timetable carries the timezone; the UI shows times in UTC (or the zone picked in
-the UI), so Next Run reads 00:00 UTC. The Details tab's "Timezone" is the server's
-`[core] default_timezone` for every DAG in Airflow 3.3.2 (the API reads it from there), not this
-schedule's.
+catchup. The environment settings `PIN_USER_ACTIVITY_RETENTION_SCHEDULE` (cron) and
+`PIN_USER_ACTIVITY_RETENTION_TIMEZONE` (IANA zone) on the dag processor change it. The timetable
+carries the timezone; the UI shows times in UTC (or the zone picked in the UI), so Next Run
+reads 00:00 UTC. The Details tab's "Timezone" is the server's `[core] default_timezone` for
+every DAG in Airflow 3.3.2 (the API reads it from there), not this schedule's.
 
 **Safe to rerun?** Yes, at any time. The cutoff is computed once per run (in `prepare`, on the
 database clock) and every delete task acts on that same eligible set. Each batch is one
@@ -69,8 +70,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
-import pendulum
-from airflow.sdk import CronTriggerTimetable, dag, task
+from airflow.sdk import dag, task
 
 from include.pin_airflow.dag_support import (
     DEFAULT_ARGS,
@@ -79,9 +79,13 @@ from include.pin_airflow.dag_support import (
     dry_run_param,
 )
 from include.pin_airflow.deadlines import deadline_alert
+from include.pin_airflow.schedules import dag_schedule
 from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 
 CONN_ID = "user_activity_db"
+# Seed 003's RetentionSchedule: 03:00 Europe/Moscow; PIN_USER_ACTIVITY_RETENTION_SCHEDULE and
+# PIN_USER_ACTIVITY_RETENTION_TIMEZONE change it (a bad value is an import error naming it).
+SCHEDULE = dag_schedule(JOB, "0 3 * * *", "Europe/Moscow", timezone_settable=True)
 
 # A delete task runs at most its share of max_run_duration_seconds (1800 by default) plus one
 # batch; the timeout is the backstop for a task that hangs outside any statement_timeout.
@@ -133,9 +137,9 @@ def _delete(
     dag_id=JOB,
     # The zone on the timetable itself, not through start_date: the start date then reads
     # 2026-01-01 00:00 in the UI's Details (a Moscow start date showed as 2025-12-31 21:00).
-    schedule=CronTriggerTimetable("0 3 * * *", timezone=pendulum.timezone("Europe/Moscow")),
+    schedule=SCHEDULE.timetable(),
     start_date=START_DATE,
-    description="Nightly 03:00 Europe/Moscow (00:00 UTC): delete Inactive sessions older "
+    description=f"Nightly ({SCHEDULE.describe()}): delete Inactive sessions older "
     "than retention_period_days with their views and events.",
     catchup=False,
     # One run at a time: the three delete tasks of a run share one cutoff and walk the eligible

@@ -1,4 +1,5 @@
-"""The environment that runs this bundle through Airflow the standard way (DESIGN section 3).
+"""The environment that runs this bundle through Airflow the standard way
+(docs/design.md, "Running a DAG the standard way").
 
 Used by the demo, the DAG tests, ``make up`` and the benchmarks, so that they all run the DAGs
 exactly as ``airflow dags test <dag_id>`` with ``AIRFLOW_CONN_*`` variables would.

@@ -14,7 +14,8 @@ What is measured (docs/benchmarks.md explains how to read it):
   one transaction (retention, slots) or the selections service's own capacity at the job's
   concurrency (detach). Every timed run starts from an identical copy of the dataset (a
   template database cloned with ``CREATE DATABASE ... TEMPLATE``) and runs alternate job/limit.
-- Once per job the DAG through ``airflow dags test`` (the standard way, DESIGN section 3), the
+- Once per job the DAG through ``airflow dags test`` (docs/design.md, "Running a
+  DAG the standard way"), the
   fixed Airflow overhead of a run on an empty dataset, and the parse time of every DAG file.
 
 The server is the embedded Postgres in ``.local/bench-pg`` (started and stopped here) unless

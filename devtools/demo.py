@@ -4,7 +4,8 @@
    with the reference schema and realistic data for all three jobs;
 2. starts the local selections service on loopback (scripted: successes, already detached,
    5xx, unknown snapshots, throttling) and a webhook sink for alerts;
-3. runs each DAG once with ``airflow dags test`` (the standard way, DESIGN section 3);
+3. runs each DAG once with ``airflow dags test`` (docs/design.md, "Running a DAG the
+   standard way");
 4. prints what each job did, read back from the database, and how to open the UI.
 
 Exits non-zero if any DAG run fails.

@@ -5,7 +5,8 @@
     python -m devtools.local_airflow down            # stop everything `up` started
 
 What ``up`` runs (each process in its own process group, listed in ``.local/local-airflow.json``
-so that ``down`` ends whole groups, LocalExecutor's task workers included; DESIGN section 8):
+so that ``down`` ends whole groups, LocalExecutor's task workers included; docs/design.md,
+"Known Airflow 3.3.2 behaviour"):
 
 - the embedded Postgres (``.local/pg``; or ``PIN_PG_URL``), with the Airflow metadata in database
   ``airflow_meta`` and the job tables in ``pin_dev`` (reference schema applied when created);
@@ -64,10 +65,11 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 T = TypeVar("T")
 
-# Per-DAG config Variables (DESIGN section 4) for local development; none by default, since a
-# missing Variable means the job defaults. An empty `{}` Variable would mean the same, but a
-# task masks every Variable value it reads, and one shorter than 5 characters put "Skipping
-# masking for a secret as it's too short" at the top of every task log. `up --var KEY=JSON`.
+# Per-DAG config Variables (docs/design.md, "Configuration") for local development; none by
+# default, since a missing Variable means the job defaults. An empty `{}` Variable would mean
+# the same, but a task masks every Variable value it reads, and one shorter than 5 characters
+# put "Skipping masking for a secret as it's too short" at the top of every task log. `up --var
+# KEY=JSON`.
 LOCAL_VARIABLES: dict[str, object] = {}
 
 

@@ -167,7 +167,7 @@ def drop_database(admin: str, name: str) -> None:
 
 
 def apply_schema(url: str) -> None:
-    """Apply the reference schema (DESIGN section 5) to an empty database."""
+    """Apply the reference schema (docs/design.md, "Database schema") to an empty database."""
     with psycopg.connect(url) as conn:
         conn.execute(SCHEMA_FILE.read_text(encoding="utf-8"))
 

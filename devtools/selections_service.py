@@ -1,4 +1,5 @@
-"""A local selections service for the demo, the tests and the benchmark (DESIGN section 6).
+"""A local selections service for the demo, the tests and the benchmark
+(docs/design.md, "Selections API").
 
 A real HTTP/1.1 server on loopback (keep-alive, one thread per connection) implementing
 ``POST /internal/snapshots/{id}/detach`` with a JSON body ``{"reason": ...}``:

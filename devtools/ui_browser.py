@@ -7,7 +7,7 @@ One set of page actions for the browser tests (``tests/ui``) and ``make screensh
   scheduler plugin, demo rows in the job tables) with its own Airflow home, databases and free
   ports, so it never clashes with a developer's ``make up``. Scheduled ticks are off by default:
   every run in it is one the caller triggered (unpausing a DAG would otherwise start its
-  latest missed tick at once, DESIGN section 9).
+  latest missed tick at once, docs/design.md, "Known Airflow 3.3.2 behaviour").
 - :func:`chromium`: Debian's ``chromium`` (``devtools/ensure_system_packages.sh chromium``)
   launched through ``executable_path``; Playwright downloads no browser here.
   :func:`browser_unavailable` says why it cannot run, for a skip message.

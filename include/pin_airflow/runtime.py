@@ -39,7 +39,8 @@ class InvalidConfig(ConfigError, AirflowFailException):
 
 
 def resolve_config(spec: ConfigSpec, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Defaults <- Variable named after the DAG id <- trigger params (DESIGN section 4).
+    """Defaults <- Variable named after the DAG id <- trigger params
+    (docs/design.md, "Configuration").
 
     Raises :class:`InvalidConfig` naming the key, its value and the allowed range.
     """

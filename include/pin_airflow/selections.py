@@ -1,6 +1,7 @@
 """The selections internal API client built from the ``selections_api`` Airflow connection.
 
-Credentials come from the connection only (DESIGN section 4), as ``HttpHook`` reads them:
+Credentials come from the connection only (docs/design.md, "Connections"), as ``HttpHook``
+reads them:
 
 - **basic auth** (the default): connection ``login`` / ``password``;
 - **bearer token**: leave ``login`` empty and put ``{"Authorization": "Bearer <token>"}`` in the

@@ -1,4 +1,4 @@
-"""Retry backoff for the detach outbox (DESIGN section 6): pure functions, no I/O.
+"""Retry backoff for the detach outbox (docs/design.md, "Selections API"): pure functions, no I/O.
 
 After claim number ``n`` (``attempts`` after the pre-increment) the next attempt is due at
 ``now + min(base * factor ** (n - 1), cap) + jitter`` with ``jitter`` uniform in

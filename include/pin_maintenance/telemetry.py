@@ -26,7 +26,7 @@ Severity = Literal["warning", "critical"]
 
 @dataclass(frozen=True)
 class Alert:
-    """An alert as DESIGN section 4 shapes it (dag_id and run_id are added by the notifier)."""
+    """An alert as docs/design.md, "Alerts" shapes it (the notifier adds dag_id and run_id)."""
 
     name: str
     severity: Severity

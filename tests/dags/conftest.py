@@ -1,8 +1,9 @@
 """Fixtures for the DAG tier: a migrated Airflow metadata DB and a way to run a DAG for real.
 
-``run_dag`` runs ``airflow dags test <dag_id>`` in a subprocess, exactly as DESIGN section 3
-describes (``AIRFLOW_CONN_*`` for the connections, ``AIRFLOW_VAR_*`` for Variables), against the
-test's own database. The metadata DB is SQLite in a per-session temp dir (migrated once, ~3 s).
+``run_dag`` runs ``airflow dags test <dag_id>`` in a subprocess, exactly as docs/design.md,
+"Running a DAG the standard way" describes (``AIRFLOW_CONN_*`` for the connections,
+``AIRFLOW_VAR_*`` for Variables), against the test's own database. The metadata DB is SQLite in
+a per-session temp dir (migrated once, ~3 s).
 """
 
 from __future__ import annotations

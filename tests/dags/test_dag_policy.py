@@ -1,4 +1,4 @@
-"""Policy every DAG of the bundle follows (DESIGN sections 1, 3, 4; STYLE)."""
+"""Policy every DAG of the bundle follows (docs/design.md, "DAGs"; STYLE)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """include.pin_airflow.selections: the detach client built from the selections_api connection.
 
-Outside a running task Airflow finds connections in ``AIRFLOW_CONN_*`` variables (DESIGN
-section 8), which is how these tests give it one.
+Outside a running task Airflow finds connections in ``AIRFLOW_CONN_*`` variables (docs/design.md,
+"Connections"), which is how these tests give it one.
 """
 
 from __future__ import annotations

@@ -12,6 +12,12 @@ DAG_ID = "user_activity_retention"
 TABLES = ("sessions", "property_object_views", "action_events", "property_object_view_stats")
 
 
+def _completed_line(output: str) -> str:
+    """The report task's ``event=completed`` line (docs/design.md, "Log vocabulary")."""
+    (line,) = [x for x in output.splitlines() if "event=completed " in x]
+    return line
+
+
 @pytest.fixture(scope="module")
 def retention_dag():
     from airflow.dag_processing.dagbag import DagBag
@@ -107,10 +113,10 @@ def test_a_real_run_deletes_the_eligible_sessions_in_batches(run_dag, seeded):
         "property_object_view_stats": len(stats),
     }
     assert _stats(db) == stats
-    assert "event=completed" in output
-    assert "DeletedSessions=25" in output
-    assert "DeletedActionEvents=50" in output
-    assert "HasMore=False" in output
+    completed = _completed_line(output)
+    assert "deleted_sessions=25" in completed
+    assert "deleted_action_events=50" in completed
+    assert "has_more=False" in completed
 
 
 def test_dry_run_changes_nothing(run_dag, seeded):
@@ -122,8 +128,9 @@ def test_dry_run_changes_nothing(run_dag, seeded):
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert _counts(db) == before
-    assert "DryRun=True" in output
-    assert "DeletedSessions=0" in output and "WouldDeleteSessions=25" in output
+    completed = _completed_line(output)
+    assert "dry_run=True" in completed
+    assert "deleted_sessions=0" in completed and "would_delete_sessions=25" in completed
 
 
 @pytest.mark.parametrize(
@@ -165,7 +172,7 @@ def test_busy_lock_makes_every_delete_task_a_successful_noop(run_dag, seeded):
     # the first delete task finds the lock busy; the later ones cover only what it covered
     assert output.count("event=lock_skip") == 1
     assert output.count("event=step_skipped") == 2
-    assert "HasMore=True" in output
+    assert "has_more=True" in _completed_line(output)
 
 
 def _job_statements(db) -> list[tuple[int, str]]:

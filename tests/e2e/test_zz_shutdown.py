@@ -1,8 +1,9 @@
 """Last in the e2e session: stopping Airflow the way ``make down`` does leaves no process.
 
 ``devtools.local_airflow.cmd_down`` reads the stack's pid file and ends each component's whole
-process group (LocalExecutor's task workers included, DESIGN section 8). Afterwards no process
-may carry this Airflow's AIRFLOW_HOME in its environment, wherever it was reparented to.
+process group (LocalExecutor's task workers included, docs/design.md, "Known Airflow 3.3.2
+behaviour"). Afterwards no process may carry this Airflow's AIRFLOW_HOME in its environment,
+wherever it was reparented to.
 """
 
 from __future__ import annotations

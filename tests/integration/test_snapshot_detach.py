@@ -1,9 +1,10 @@
 """news_snapshot_detach_retry job on a real Postgres against a real HTTP selections service.
 
 The seed's test table (success, empty run, unavailable -> retry with backoff, idempotency,
-poison -> quarantine, dedupe, parallel instances, cancellation) plus the DESIGN section 6
-answers (404, 429, 401/403, timeout, connection drop, other 4xx) and the safety properties
-(claim guard, secrets never stored or logged, one bad row does not stop the others).
+poison -> quarantine, dedupe, parallel instances, cancellation) plus the answers of
+docs/design.md, "Selections API" (404, 429, 401/403, timeout, connection drop, other 4xx) and
+the safety properties (claim guard, secrets never stored or logged, one bad row does not stop
+the others).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def test_successful_detach_marks_done_and_reports(db, service, caplog):
         assert any(f"event={event}" in line for line in lines), event
     assert all("run_id=run_success" in line for line in lines)
     completed = next(line for line in lines if "event=job_completed" in line)
-    assert "succeeded=4" in completed and "retried=0" in completed and "durationMs=" in completed
+    assert "succeeded=4" in completed and "retried=0" in completed and "duration_ms=" in completed
 
 
 def test_empty_run_calls_nothing_and_changes_nothing(db, service):
@@ -314,7 +315,7 @@ def test_cancellation_stops_between_rows_and_gives_back_attempts(db, service):
     assert set(service.call_counts().values()) == {1}
 
 
-# -- DESIGN section 6 answers ------------------------------------------------------------------
+# -- docs/design.md, "Selections API" answers ------------------------------------------------
 
 
 def test_404_quarantines_at_once_with_alert(db, service):

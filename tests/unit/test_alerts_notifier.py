@@ -1,6 +1,6 @@
 """The notifier (pin_maintenance_plugin.notify.Notifier) against a real loopback webhook.
 
-DESIGN section 4: one greppable WARNING/ERROR line per alert, a JSON POST of
+docs/design.md, "Alerts": one greppable WARNING/ERROR line per alert, a JSON POST of
 {"alert","severity","dag_id","run_id","summary","details"} to the http connection
 ``alerts_webhook`` when it exists, delivery failures logged and never raised, bounded by a
 timeout, duplicates within a run sent once. With the http connection ``alertmanager``, the

@@ -1,4 +1,7 @@
-"""Backoff of the detach outbox (DESIGN section 6): min(base * factor^(n-1), cap) + jitter."""
+"""Backoff of the detach outbox: min(base * factor^(n-1), cap) + jitter.
+
+docs/design.md, "Selections API".
+"""
 
 from __future__ import annotations
 

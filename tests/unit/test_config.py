@@ -1,4 +1,4 @@
-"""Config layering and validation (pure; DESIGN section 4)."""
+"""Config layering and validation (pure; docs/design.md, "Configuration")."""
 
 from __future__ import annotations
 

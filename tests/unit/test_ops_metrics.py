@@ -92,7 +92,7 @@ def test_every_metric_is_mapped_to_its_own_name() -> None:
 
 
 def test_histogram_buckets_cover_each_jobs_budget() -> None:
-    """Buckets at the limits the rules and SLOs use (DESIGN section 4, seeds' SLOs)."""
+    """Buckets at the limits the rules and SLOs use (docs/design.md, "Metrics"; seeds' SLOs)."""
     buckets = {
         m["name"]: m["histogram_options"]["buckets"]
         for m in MAPPING["mappings"]

@@ -5,6 +5,10 @@ The docs are docs/runbooks/*.md and each DAG file's docstring (its ``doc_md``). 
 read from the source (log calls and ``Alert(...)`` by AST, metric names from the job modules and
 ops/metrics.yml) or produced by the code itself (every ``last_error`` the outcome rules can
 write, by calling them), never from a list kept here.
+
+Log events and fields go through the vocabulary tables of docs/design.md, "Log vocabulary": the
+code must log exactly what the tables say, the tables must follow the convention, and the docs
+may quote only what the tables hold. So the runbooks, the code and the table cannot drift apart.
 """
 
 from __future__ import annotations
@@ -73,27 +77,53 @@ def _trees() -> list[tuple[Path, ast.Module]]:
     return [(p, ast.parse(p.read_text())) for p in files]
 
 
+def _is_log_method(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr in LOG_METHODS
+
+
+def _log_aliases(tree: ast.Module) -> set[str]:
+    """Names bound to a choice of log methods (``emit = log.error if ... else log.warning``)."""
+    return {
+        target.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.IfExp)
+        and _is_log_method(node.value.body)
+        and _is_log_method(node.value.orelse)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+
+
+def _event_names(arg: ast.AST) -> list[str]:
+    """``"name"`` or ``"a" if ... else "b"``: the event names a log call can write."""
+    options = [arg.body, arg.orelse] if isinstance(arg, ast.IfExp) else [arg]
+    names = [o.value for o in options if isinstance(o, ast.Constant) and isinstance(o.value, str)]
+    return [n for n in names if re.fullmatch(r"[a-z][a-z0-9_]*", n)]
+
+
 @cache
 def logged_events() -> dict[str, dict[str, object]]:
     """event name -> {field: constant value or None}; '**' in the fields if any are spread."""
     events: dict[str, dict[str, object]] = {}
     for _, tree in _trees():
+        aliases = _log_aliases(tree)
         for node in ast.walk(tree):
             if not (
                 isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in LOG_METHODS
+                and (
+                    _is_log_method(node.func)
+                    or (isinstance(node.func, ast.Name) and node.func.id in aliases)
+                )
                 and node.args
-                and isinstance(node.args[0], ast.Constant)
-                and isinstance(node.args[0].value, str)
-                and re.fullmatch(r"[a-z][a-z0-9_]*", node.args[0].value)
             ):
                 continue
-            fields = events.setdefault(node.args[0].value, {})
-            for kw in node.keywords:
-                name = kw.arg or "**"
-                value = kw.value.value if isinstance(kw.value, ast.Constant) else None
-                fields.setdefault(name, value)
+            for event in _event_names(node.args[0]):
+                fields = events.setdefault(event, {})
+                for kw in node.keywords:
+                    name = kw.arg or "**"
+                    value = kw.value.value if isinstance(kw.value, ast.Constant) else None
+                    fields.setdefault(name, value)
     return events
 
 
@@ -111,12 +141,90 @@ def spread_fields() -> set[str]:
                             for k in sub.keys
                             if isinstance(k, ast.Constant) and isinstance(k.value, str)
                         }
+    # keys built by f-string (f"Deleted{k}"): produced by the code itself, dry run or not
+    for dry_run in (False, True):
+        keys |= set(activity_retention.RetentionResult(dry_run=dry_run).as_dict())
     return keys
 
 
 @cache
 def all_fields() -> set[str]:
-    return {f for fields in logged_events().values() for f in fields} | spread_fields()
+    """Every log field: the rows of docs/design.md's "Log fields" table."""
+    return set(vocabulary_fields())
+
+
+# ------------------------------------------------------------------- the vocabulary tables
+
+DESIGN = REPO / "docs" / "design.md"
+
+# Names the code logs today that break the convention -> the conventional name. They are
+# renamed in one commit of their own (docs/design.md, "Log vocabulary"); a name stays here only
+# while the code still logs it.
+PENDING_RENAMES: dict[str, str] = {}
+
+
+def _table_after(heading: str) -> list[list[str]]:
+    """The cells of the first Markdown table after ``heading`` in docs/design.md."""
+    lines = DESIGN.read_text().splitlines()
+    start = lines.index(heading)
+    rows: list[list[str]] = []
+    for line in lines[start + 1 :]:
+        if line.startswith("#"):
+            break
+        if line.startswith("|"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows:
+            break
+    assert rows, f"docs/design.md: no table after {heading!r}"
+    header, _, *body = rows
+    return [dict(zip(header, row, strict=True)) for row in body]  # type: ignore[misc]
+
+
+def _quoted(cell: str) -> list[str]:
+    return re.findall(r"`([^`]+)`", cell)
+
+
+@cache
+def vocabulary_events() -> dict[str, set[str]]:
+    """docs/design.md "Log events": event -> its fields (beyond job and run_id)."""
+    table = _table_after("### Log events")
+    events = {}
+    for row in table:
+        (event,) = _quoted(row["event"])
+        assert event not in events, f"Log events: {event!r} twice"
+        events[event] = set(_quoted(row["fields (beyond `job`, `run_id`)"]))
+    return events
+
+
+@cache
+def vocabulary_fields() -> dict[str, dict[str, object]]:
+    """docs/design.md "Log fields": field -> its seed names and result key."""
+    fields: dict[str, dict[str, object]] = {}
+    for row in _table_after("### Log fields"):
+        (name,) = _quoted(row["field"])
+        assert name not in fields, f"Log fields: {name!r} twice"
+        result_key = _quoted(row["result key"])
+        fields[name] = {
+            "seed": _quoted(row["seed name"]),
+            "result_key": result_key[0] if result_key else None,
+        }
+    return fields
+
+
+def snake(name: str) -> str:
+    """``SkippedLockedCount`` -> ``skipped_locked_count``."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+
+
+def config_keys() -> set[str]:
+    from include.pin_maintenance.jobs import (
+        activity_retention_config,
+        slot_expiration_config,
+        snapshot_detach_config,
+    )
+
+    specs = (activity_retention_config, slot_expiration_config, snapshot_detach_config)
+    return {s.name for m in specs for s in m.CONFIG.settings}
 
 
 @cache
@@ -205,9 +313,65 @@ DOC_IDS = list(DOCS)
 
 
 def fields_of(event: str) -> set[str]:
-    """The fields a log line of ``event`` carries (a ``**result.as_dict()`` spreads its keys)."""
-    fields = set(logged_events()[event]) | ALWAYS_LOGGED
-    return (fields - {"**"}) | spread_fields() if "**" in fields else fields
+    """The fields a log line of ``event`` carries, as docs/design.md's "Log events" says (the
+    tests below hold the table to the code)."""
+    return vocabulary_events()[event] | ALWAYS_LOGGED
+
+
+def test_every_logged_event_is_a_row_of_the_vocabulary() -> None:
+    code, table = set(logged_events()), set(vocabulary_events())
+    assert code - table == set(), f"logged but not in docs/design.md's Log events: {code - table}"
+    assert table - code == set(), f"in docs/design.md's Log events but not logged: {table - code}"
+
+
+@pytest.mark.parametrize("event", sorted(logged_events()))
+def test_each_event_logs_exactly_the_fields_of_its_row(event: str) -> None:
+    code = set(logged_events()[event])
+    table = vocabulary_events().get(event, set())
+    if "**" in code:  # a spread result: the rest of the row must be keys of a result
+        explicit = code - {"**"}
+        assert explicit <= table, f"{event}: logged, not in its row: {explicit - table}"
+        assert table - explicit <= spread_fields(), f"{event}: {table - explicit - spread_fields()}"
+    else:
+        assert code == table, (
+            f"{event}: logged but not in its row {sorted(code - table)}; "
+            f"in its row but not logged {sorted(table - code)}"
+        )
+
+
+def test_every_field_of_an_event_is_a_row_of_the_fields_table() -> None:
+    used = {f for fields in vocabulary_events().values() for f in fields} | ALWAYS_LOGGED
+    described = set(vocabulary_fields())
+    assert used - described == set(), f"fields without a row in Log fields: {used - described}"
+    assert described - used == set(), f"Log fields rows no event logs: {described - used}"
+
+
+def test_the_fields_follow_the_convention() -> None:
+    """snake_case; a result's key in snake_case; durations in duration_ms; one field per seed
+    name. Only PENDING_RENAMES may break it, until their commit."""
+    keys = config_keys()
+    owner: dict[str, str] = {}
+    for name, row in vocabulary_fields().items():
+        if name in PENDING_RENAMES:
+            continue
+        assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", name), f"{name}: not snake_case"
+        if row["result_key"]:
+            assert name == snake(row["result_key"]), f"{name}: result key {row['result_key']}"
+        if name not in keys and name != "duration_ms":
+            assert "duration" not in name and not name.endswith("_seconds"), (
+                f"{name}: a measured duration is duration_ms"
+            )
+        for seed_name in row["seed"]:
+            assert owner.setdefault(seed_name, name) == name, (
+                f"seed name {seed_name!r} is two fields: {owner[seed_name]!r} and {name!r}"
+            )
+
+
+def test_pending_renames_are_still_logged() -> None:
+    """Once the code stops logging a name, it leaves PENDING_RENAMES (and the table)."""
+    logged = {f for fields in logged_events().values() for f in fields} | spread_fields()
+    assert set(PENDING_RENAMES) <= logged, set(PENDING_RENAMES) - logged
+    assert set(PENDING_RENAMES) <= set(vocabulary_fields())
 
 
 def _events_named(text: str) -> list[str]:

@@ -19,9 +19,9 @@ from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
 
 
-def test_config_defaults_match_design_section_4():
+def test_config_defaults_match_the_contract():
     assert se.CONFIG.job == "calendar_slot_expiration"
-    # batch_size and max_run_duration_seconds are DESIGN section 4; runners and
+    # batch_size and max_run_duration_seconds: docs/design.md, "Configuration"; runners and
     # max_batches_per_cycle are ours (README); 1 batch per cycle is seed 002's bound
     assert se.CONFIG.resolve(None, None) == {
         "batch_size": 500,

@@ -5,7 +5,7 @@ What is deleted: ``user_activity.sessions`` with ``status = 'Inactive' and ended
 ``action_events`` and ``property_object_views``. ``property_object_view_stats`` is never read
 or written (INV-LVS-002: the aggregate outlives the raw views).
 
-Shape (DESIGN section 7): one run is
+Shape (docs/design.md, "How a run flows"): one run is
 
 1. :func:`prepare`: takes the config validated by ``CONFIG.resolve`` (which raises
    ``ConfigError`` before any connection is opened), computes the cutoff and the run deadline
@@ -932,13 +932,38 @@ def _report(
     else:
         telemetry.metrics.timing(M_RUN_DURATION, timedelta(seconds=duration))
     telemetry.metrics.gauge("activity_retention_last_success_timestamp_seconds", wall_clock())
-    telemetry.log.info(
-        "completed",
-        **result.as_dict(),
-        lock_skipped_steps=",".join(s.table for s in steps if s.lock_skipped) or "none",
-        eligible_backlog=plan.eligible_backlog,
-        duration_seconds=duration,
-    )
+    # the result's keys in snake_case (docs/design.md, "Log vocabulary"); a dry run reports
+    # would_delete_* and its deleted_* stay 0, as in the result
+    skipped = ",".join(s.table for s in steps if s.lock_skipped) or "none"
+    if result.dry_run:
+        telemetry.log.info(
+            "completed",
+            deleted_sessions=0,
+            deleted_property_object_views=0,
+            deleted_action_events=0,
+            would_delete_sessions=result.deleted_sessions,
+            would_delete_property_object_views=result.deleted_property_object_views,
+            would_delete_action_events=result.deleted_action_events,
+            batches_processed=result.batches_processed,
+            has_more=result.has_more,
+            dry_run=True,
+            lock_skipped_steps=skipped,
+            eligible_backlog=plan.eligible_backlog,
+            duration_ms=round(duration * 1000),
+        )
+    else:
+        telemetry.log.info(
+            "completed",
+            deleted_sessions=result.deleted_sessions,
+            deleted_property_object_views=result.deleted_property_object_views,
+            deleted_action_events=result.deleted_action_events,
+            batches_processed=result.batches_processed,
+            has_more=result.has_more,
+            dry_run=False,
+            lock_skipped_steps=skipped,
+            eligible_backlog=plan.eligible_backlog,
+            duration_ms=round(duration * 1000),
+        )
     return result
 
 

@@ -1,4 +1,5 @@
-"""The activity retention (seed 003) job: its id and config keys (DESIGN section 4).
+"""The activity retention (seed 003) job: its id and config keys
+(docs/design.md, "Configuration").
 
 DAG files import this module at parse time, so it imports nothing heavier than the config
 rules themselves (no database driver, no HTTP client).

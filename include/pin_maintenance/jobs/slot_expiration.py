@@ -347,8 +347,8 @@ def _cycle(
         "cycle_completed",
         expired_count=result.expired_count,
         duration_ms=result.duration_ms,
-        skipped_locked=result.skipped_locked_count,
-        errors=result.errors_count,
+        skipped_locked_count=result.skipped_locked_count,
+        errors_count=result.errors_count,
         batches=result.batches,
         runners=result.runners,
         stop_reason=result.stop_reason,
@@ -627,7 +627,7 @@ def _expire_batch(
             span.set_attribute("pin.tenant_ids", sorted(str(t) for t in tenants))
             span.set_attribute("pin.tenant_count", tenant_count)
     telemetry.log.info(
-        "batch_selected", batch=number, runner=runner.number, count=selected, expired=expired
+        "batch_selected", batch_index=number, runner=runner.number, count=selected, expired=expired
     )
     return selected >= cycle.batch_size
 
@@ -704,7 +704,7 @@ def _dry_run(
         would_expire_count=would,
         expired_count=0,
         duration_ms=result.duration_ms,
-        skipped_locked=0,
+        skipped_locked_count=0,
         backlog=backlog,
     )
     return result

@@ -700,7 +700,7 @@ class _Run:
             span.end()
             raise
         span.set_attribute("pin.batch.rows", len(rows))
-        self.log.info("batch_claimed", batch=index, rows=len(rows))
+        self.log.info("batch_claimed", batch_index=index, rows=len(rows))
         self.result.claimed += len(rows)
         calls = [r for r in rows if r.reason in KNOWN_REASONS]
         parent = trace.set_span_in_context(span)  # worker threads do not inherit the context
@@ -1147,7 +1147,7 @@ class _Run:
             concurrency_peak=r.concurrency_peak,
             stop_reason=r.stop_reason or ("dry_run" if r.dry_run else "lock_busy"),
             pending=r.pending,
-            durationMs=r.duration_ms,
+            duration_ms=r.duration_ms,
         )
         return r
 

@@ -106,7 +106,8 @@ class RequeueResult:
 
     def as_dict(self) -> dict[str, Any]:
         # a dry run moves nothing: its count is WouldRequeueCount, as the log line says
-        # (requeued=0 would_requeue=N); the slot job reports ExpiredCount/WouldExpireCount alike
+        # (requeued_count=0 would_requeue_count=N); the slot job reports ExpiredCount /
+        # WouldExpireCount alike
         return {
             "DryRun": self.dry_run,
             "Choice": self.choice,
@@ -163,8 +164,8 @@ def requeue(
     result.truncated = len(moved) > report_limit
     log.info(
         "requeue_completed" if not dry_run else "requeue_dry_run",
-        requeued=0 if dry_run else result.count,
-        would_requeue=result.count if dry_run else 0,
+        requeued_count=0 if dry_run else result.count,
+        would_requeue_count=result.count if dry_run else 0,
         skipped=len(result.skipped),
         snapshot_ids=",".join(result.snapshot_ids) or "-",
         truncated=result.truncated,

@@ -1,4 +1,4 @@
--- Reference schema of the tables the maintenance DAGs read and write (DESIGN.md section 5).
+-- Reference schema of the tables the maintenance DAGs read and write (docs/design.md, "Database schema").
 -- The tables belong to the news, calendar and user-activity services; production owners apply
 -- their own migrations. This file exists for development, the demo and the tests.
 -- Enum-like columns are plain varchar(16) without CHECK constraints on purpose: unknown values

@@ -8,7 +8,7 @@ Usage (the bundle's ``include.pin_airflow.deadlines`` adds each DAG's default)::
 
 The deadline is ``DagRun.queued_at + interval``. The interval is the Airflow Variable
 ``<dag_id>_deadline_seconds`` (whole seconds) when it exists and is a positive number, else the
-default below (DESIGN section 4). Nothing is read when the DAG file is parsed.
+default below (docs/design.md, "Deadlines"). Nothing is read when the DAG file is parsed.
 
 Why not ``DeadlineAlert(interval=VariableInterval(...))`` (read from Airflow 3.3.2's source,
 ``airflow/serialization/definitions/dag.py`` ``_process_dagrun_deadline_alerts`` and
@@ -53,7 +53,7 @@ DEADLINE_MISSED_SEVERITY: Severity = "warning"
 
 
 def deadline_variable(dag_id: str) -> str:
-    """The Variable that tunes ``dag_id``'s deadline (DESIGN section 4)."""
+    """The Variable that tunes ``dag_id``'s deadline (docs/design.md, "Deadlines")."""
     return f"{dag_id}_deadline_seconds"
 
 

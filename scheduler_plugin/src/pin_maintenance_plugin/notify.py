@@ -1,7 +1,7 @@
 """Alert delivery: one greppable log line per alert, then optional POSTs to a webhook and to
 Alertmanager.
 
-The webhook payload is DESIGN section 4's ``{"alert", "severity", "dag_id", "run_id",
+The webhook payload is docs/design.md, "Alerts": ``{"alert", "severity", "dag_id", "run_id",
 "summary", "details"}``; the webhook is the http connection ``alerts_webhook``. With the http
 connection ``alertmanager`` (host = Alertmanager's base URL, e.g. ``http://alertmanager:9093``),
 each alert is also posted to Alertmanager's v2 API (``POST /api/v2/alerts``) with the labels
