@@ -44,8 +44,8 @@ def error_code(exc: BaseException | None) -> str:
     HTTP status of an HTTP error (``"HTTPError 503"``); for a chained exception the cause's code
     when the exception itself has none. Never the message: a database error's text can name the
     host and user (a failed connection) or carry row values (a trigger's ``RAISE``), an HTTP
-    error's text its URL; only the task log gets the text. The rule of ``last_error`` (DESIGN
-    section 6) and of the span's ``error.type``, for alert details and summaries.
+    error's text its URL; only the task log gets the text. The rule of ``last_error``
+    (docs/design.md, "Selections API") and of the span's ``error.type``, for alert details and summaries.
     """
     if exc is None:
         return "unknown"

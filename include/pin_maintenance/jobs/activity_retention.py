@@ -836,7 +836,7 @@ class _Walk:
             table=self.table,
             batch_index=batch.index,
             reason="another batch loop failed",
-            **batch.log_ids(),
+            batch_ids=json.dumps(batch.log_ids()),
         )
         if span.is_recording():
             span.set_attributes(

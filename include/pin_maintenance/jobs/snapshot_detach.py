@@ -722,7 +722,7 @@ class _Run:
                 replacement.set_result(None)
             else:
                 replacement.set_result(CallOutcome(error_class="Timeout"))
-                self.log.warning("entry_call_abandoned", row_id=row_id)
+                self.log.warning("entry_call_abandoned", outbox_id=row_id)
             batch.calls[row_id] = replacement
 
     def _settle(self, conn: psycopg.Connection, batch: _Batch) -> None:
