@@ -45,7 +45,8 @@ def error_code(exc: BaseException | None) -> str:
     when the exception itself has none. Never the message: a database error's text can name the
     host and user (a failed connection) or carry row values (a trigger's ``RAISE``), an HTTP
     error's text its URL; only the task log gets the text. The rule of ``last_error``
-    (docs/design.md, "Selections API") and of the span's ``error.type``, for alert details and summaries.
+    (docs/design.md, "Selections API") and of the span's ``error.type``, for alert details and
+    summaries.
     """
     if exc is None:
         return "unknown"
