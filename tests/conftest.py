@@ -78,7 +78,8 @@ STACK_GROUP = "airflow-stacks"
 
 
 def _tier(item: pytest.Item) -> str:
-    parts = Path(str(item.fspath)).resolve().relative_to(_REPO).parts
+    path = Path(str(item.fspath)).resolve()
+    parts = path.relative_to(_REPO).parts if path.is_relative_to(_REPO) else ()
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
 
 
@@ -106,10 +107,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not xdist:
         return
     for item in items:
-        if _tier(item) in STACK_TIERS:
-            group = STACK_GROUP
-        else:
-            group = Path(str(item.fspath)).resolve().relative_to(_REPO).as_posix()
+        module = item.nodeid.split("::", 1)[0]
+        group = STACK_GROUP if _tier(item) in STACK_TIERS else module
         item.add_marker(pytest.mark.xdist_group(group))
 
 
