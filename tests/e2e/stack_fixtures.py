@@ -290,7 +290,11 @@ def stop_like_make_down(stack: AirflowStack) -> list[str]:
     if left:
         problems.append(f"processes left after make down: {left}")
         stack.stop()  # do not leave them to the next stack
+    deadline = time.monotonic() + 30  # a SIGKILLed member may take a moment to be gone
     groups_left = [g for g in groups if group_members(g)]
+    while groups_left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        groups_left = [g for g in groups if group_members(g)]
     if groups_left:
         problems.append(f"process groups with members after make down: {groups_left}")
     if stack.pid_file.exists():

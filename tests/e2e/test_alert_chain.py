@@ -50,6 +50,10 @@ from tests.unit.test_ops_promql import promql_series
 
 __all__ = ["alert_chain"]
 
+# e2e by directory; each test runs several `airflow dags test` subprocesses (about 15 s each on a
+# quiet machine, a minute each on a loaded one): more than the suite's default 600 s limit there
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
 REPO = Path(__file__).resolve().parents[2]
 DETACH = "news_snapshot_detach_retry"
 SLOTS = "calendar_slot_expiration"
