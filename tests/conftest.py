@@ -85,18 +85,15 @@ def _tier(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the tiers; under xdist, give every test its group (``--dist loadgroup``).
+    """Order the tiers: :data:`TIER_ORDER`, file order within a tier.
 
-    Without xdist: :data:`TIER_ORDER`, file order within a tier. Under xdist the stack tiers
-    form one group, which must start first (it is the longest chain of work, and the scheduler
-    hands out groups in collection order, ``--no-loadscope-reorder``); every other test is
-    grouped by its module, so a module's fixtures are built once, and the other worker takes
-    the modules in tier order. Tests do not depend on each other or on this order.
+    Under xdist (``make test``: ``--dist loadgroup --no-loadscope-reorder``, the scheduler
+    below) the stack tiers come first: their group is the longest chain of work, and the
+    scheduler hands groups out in collection order. Tests do not depend on each other or on
+    this order.
     """
     rank = {tier: i for i, tier in enumerate(TIER_ORDER)}
-    xdist = config.pluginmanager.hasplugin("xdist") and bool(
-        getattr(config.option, "numprocesses", None) or os.environ.get("PYTEST_XDIST_WORKER")
-    )
+    xdist = bool(os.environ.get("PYTEST_XDIST_WORKER"))  # a worker (the controller collects)
 
     def key(item: pytest.Item) -> tuple[int, int]:
         tier = _tier(item)
@@ -104,12 +101,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return (first, rank.get(tier, len(rank)))
 
     items.sort(key=key)  # stable: file and definition order within a tier
-    if not xdist:
-        return
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        group = STACK_GROUP if _tier(item) in STACK_TIERS else module
-        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in: the stack tiers all in one, any other test with its module."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return (
+        STACK_GROUP
+        if len(parts) > 2 and parts[:1] == ["tests"] and parts[1] in STACK_TIERS
+        else path
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with the groups of :func:`xdist_group`.
+
+    Not ``xdist_group`` markers: pytest-xdist 3.8 applies them by rewriting ``item._nodeid``,
+    which pytest 9.2 no longer reads (``Node.nodeid`` comes from ``_id``), so every test ran
+    on whichever worker was free. A module's tests stay together, so its fixtures are built
+    once; the stack group goes to one worker, which runs the stacks one after another.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return TierGroups(config, log)
 
 
 # Skips that stay skips under PIN_REQUIRE_ALL=1 (CI): {test module: a piece of the reason},
