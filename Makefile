@@ -12,6 +12,10 @@ PLUGIN_STAMP := $(VENV)/.plugin-stamp
 PLUGIN_SRC   := scheduler_plugin/pyproject.toml $(wildcard scheduler_plugin/src/pin_maintenance_plugin/*.py)
 
 export PYTHONPATH := $(CURDIR)
+# make test: two pytest-xdist workers; the tiers that start Airflow stacks share one (one
+# stack at a time), the other takes the rest (tests/conftest.py). PYTEST_WORKERS=0: no xdist.
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: help venv test lint fix demo up down screenshots bench bench-smoke clean
 
@@ -33,7 +37,7 @@ $(PLUGIN_STAMP): $(STAMP) $(PLUGIN_SRC)
 venv: $(PLUGIN_STAMP) ## create .venv from the pinned requirements (done by every target on first use)
 
 test: $(PLUGIN_STAMP) ## run the whole test suite (unit, integration on real Postgres, DAG runs)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) --durations=30 $(PYTEST_ARGS)
 
 lint: $(PLUGIN_STAMP) ## ruff check + format check
 	$(BIN)/ruff check .

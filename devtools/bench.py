@@ -273,7 +273,7 @@ def plan_for(args: argparse.Namespace) -> Plan:
 
 def main(argv: Sequence[str]) -> int:
     if argv[:1] == ["_job"]:
-        return job_child_main(argv[1])
+        return job_child_main(argv[1], bench_tracing.child_tracer)
     args = parse_args(argv)
     plan = plan_for(args)
     out = args.out or (SMOKE_OUT if args.smoke else DEFAULT_OUT)

@@ -2,6 +2,8 @@
 subprocesses, Airflow) and the section registry type. Each job's benchmark lives in its own
 module (``bench_retention``, ``bench_slots``, ``bench_detach``, ``bench_airflow``: data,
 measurement, report); ``devtools.bench`` is the entry point that runs the registered sections.
+The import graph is one-way: the sections import this module, the entry point imports the
+sections (and holds their registry); this module imports no section.
 
 A new section is a module with ``SECTION = SectionSpec(key, title, run)`` (``run(bench, out)``
 appends markdown lines to ``out``) and one line in ``devtools.bench.REGISTRY``.
@@ -33,6 +35,7 @@ from typing import Any
 import psycopg
 
 from devtools import airflow_env as ae
+from devtools import bench_data as bd
 from devtools import pg
 
 REPO = Path(__file__).resolve().parent.parent
@@ -295,8 +298,18 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def job_child_main(spec_json: str) -> int:
-    """The child side: run one job function once and print its timing and result as JSON."""
+ChildTracer = Callable[[dict], tuple[Any, Callable[[], None]]]
+
+
+def _no_tracer(spec: dict) -> tuple[Any, Callable[[], None]]:
+    return None, lambda: None
+
+
+def job_child_main(spec_json: str, child_tracer: ChildTracer = _no_tracer) -> int:
+    """The child side: run one job function once and print its timing and result as JSON.
+
+    ``child_tracer(spec)`` gives (tracer or None, flush): the entry point passes the tracing
+    section's (``devtools.bench_tracing.child_tracer``); this module imports no section."""
     from include.pin_maintenance.db import configured
     from include.pin_maintenance.runloop import StopSignal
     from include.pin_maintenance.telemetry import (
@@ -322,9 +335,7 @@ def job_child_main(spec_json: str) -> int:
     metrics = RecordingMetrics()
     alerts = LogOnlyAlerts(job_log)
     telemetry = Telemetry(job_log, metrics, alerts)
-    from devtools import bench_tracing  # here: bench_tracing imports this module
-
-    tracer, flush_spans = bench_tracing.child_tracer(spec)  # None unless the tracing section
+    tracer, flush_spans = child_tracer(spec)  # None unless the tracing section
     if tracer is not None:
         telemetry.tracer = tracer
     args, close = _job_args(spec["job"], spec)
@@ -482,15 +493,19 @@ class Bench:
         return self.dataset("empty schema", 0, ("empty",), lambda url: None)
 
     def outbox_template(self, due: int) -> pg.Database:
-        """The detach section's dataset (sections outside bench_detach use it too)."""
-        from devtools.bench_detach import outbox_template
-
-        return outbox_template(self, due)
+        """The detach dataset: ``due`` due Pending rows among Done/backing-off/Quarantined."""
+        others = 5 * due + due // 2 + due // 10
+        label = f"outbox: {due:,} due Pending + {others:,} Done/backing-off/Quarantined rows"
+        return self.dataset(
+            label, due + others, ("outbox", due), lambda url: bd.load_outbox(url, due)
+        )
 
     def slots_template(self, total: int, due: int) -> pg.Database:
-        from devtools.bench_slots import slots_template
-
-        return slots_template(self, total, due)
+        """The slots dataset: ``total`` rows, ``due`` of them Available and due."""
+        label = f"slots: {total:,} rows, {due:,} due"
+        return self.dataset(
+            label, total, ("slots", total, due), lambda url: bd.load_slots(url, total, due)
+        )
 
     # -- running things ---------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from devtools import bench_data as bd
-from devtools import pg
 from devtools.bench_core import (
     DAG_IDS,
     JOB_MODULES,
@@ -88,12 +87,6 @@ def _md5(text: str) -> bytes:
     return hashlib.md5(text.encode(), usedforsecurity=False).digest()
 
 
-def outbox_template(bench: Bench, due: int) -> pg.Database:
-    others = 5 * due + due // 2 + due // 10
-    label = f"outbox: {due:,} due Pending + {others:,} Done/backing-off/Quarantined rows"
-    return bench.dataset(label, due + others, ("outbox", due), lambda url: bd.load_outbox(url, due))
-
-
 def detach_concurrency(bench) -> int:
     if bench.concurrency is None:
         module = importlib.import_module(JOB_MODULES["detach"])
@@ -121,7 +114,7 @@ def bench_detach(bench: Bench, out: list[str]) -> None:
             if errors:
                 raise BenchError(f"capacity client saw {errors} failed calls")
             capacity.add(seconds)
-        template = outbox_template(bench, due)
+        template = bench.outbox_template(due)
         job, rss, cpu = Series(), [], Series()
         for _ in range(bench.runs):
             db = bench.clone(template, "outbox")
@@ -188,7 +181,7 @@ def dag_on_data(bench: Bench) -> DagOnData:
     """The DAG once on the section's default dataset."""
     dag_id = DAG_IDS["detach"]
     n = bench.plan.detach_rows
-    template = outbox_template(bench, n)
+    template = bench.outbox_template(n)
     db = bench.clone(template, "af_outbox")
     proc = bench.dags_test(
         dag_id, db, {dag_id: {"max_run_duration_seconds": 3000, "lock_ttl_seconds": 3600}}

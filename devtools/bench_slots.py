@@ -76,13 +76,6 @@ def _slots_text(batch_size: int, runners: int) -> str:
     return SLOTS_TEXT.format(batch=batch_size, runners=runners)
 
 
-def slots_template(bench: Bench, total: int, due: int) -> pg.Database:
-    label = f"slots: {total:,} rows, {due:,} due"
-    return bench.dataset(
-        label, total, ("slots", total, due), lambda url: bd.load_slots(url, total, due)
-    )
-
-
 def bench_slots(bench: Bench, out: list[str]) -> None:
     config = dict(DRAIN_CONFIG)
     module = importlib.import_module(JOB_MODULES["slots"])
@@ -90,7 +83,7 @@ def bench_slots(bench: Bench, out: list[str]) -> None:
     batch_size, runners = int(defaults["batch_size"]), int(defaults["runners"])
     rows = []
     for total, due in bench.plan.slots:
-        template = slots_template(bench, total, due)
+        template = bench.slots_template(total, due)
         series = {what: Series() for what in ("job", "one", "limit", "chunks", "prepared")}
         rss, cpu = [], Series()
         for i in range(bench.runs):
@@ -154,7 +147,7 @@ def bench_slots(bench: Bench, out: list[str]) -> None:
     # the empty cycle: nothing is due; the cost must not grow with the table
     empty_rows, medians = [], []
     for total in bench.plan.empty_slots:
-        template = slots_template(bench, total, 0)
+        template = bench.slots_template(total, 0)
         job, limit, rss = Series(), Series(), []
         for _ in range(max(bench.runs, bench.plan.empty_runs)):
             run = bench.run_job("slots", template, config)
@@ -227,7 +220,7 @@ def dag_on_data(bench: Bench) -> DagOnData:
     """The DAG once on the section's largest dataset."""
     dag_id = DAG_IDS["slots"]
     total, due = bench.plan.slots[-1]
-    template = slots_template(bench, total, due)
+    template = bench.slots_template(total, due)
     db = bench.clone(template, "af_slots")
     proc = bench.dags_test(dag_id, db, {dag_id: dict(DRAIN_CONFIG)})
 

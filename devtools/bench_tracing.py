@@ -46,8 +46,6 @@ def child_tracer(spec: dict[str, Any]) -> tuple[Any, Callable[[], None]]:
 
 def bench_tracing(bench: Bench, out: list[str]) -> None:
     from devtools import bench_core as b
-    from devtools.bench_detach import outbox_template
-    from devtools.bench_slots import slots_template
     from devtools.otlp_receiver import OtlpReceiver
 
     detach_due = bench.plan.detach_rows
@@ -55,11 +53,11 @@ def bench_tracing(bench: Bench, out: list[str]) -> None:
     rows = []
     with OtlpReceiver() as otlp:
         cases = [
-            ("detach", f"{detach_due:,} due outbox rows", outbox_template(bench, detach_due)),
+            ("detach", f"{detach_due:,} due outbox rows", bench.outbox_template(detach_due)),
             (
                 "slots",
                 f"{slots_total:,} slots, {slots_due:,} due",
-                slots_template(bench, slots_total, slots_due),
+                bench.slots_template(slots_total, slots_due),
             ),
         ]
         for job, label, template in cases:

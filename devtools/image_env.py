@@ -124,8 +124,15 @@ def _install_local_distributions(venv: Path) -> None:
 
 def pytest_env(venv: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment ``astro dev pytest`` gives: the image's Python first, the repository
-    importable (the image's working directory), nothing of the caller's venv."""
-    env = {k: v for k, v in os.environ.items() if k not in {"VIRTUAL_ENV", "PYTHONHOME"}}
+    importable (the image's working directory), nothing of the caller's venv, nor of its test
+    run: not its xdist worker's variables, nor ``PIN_REQUIRE_ALL`` (the caller checks the image
+    run's skips against an allow list of its own, tests/image's ``MAY_SKIP``)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"VIRTUAL_ENV", "PYTHONHOME", "PIN_REQUIRE_ALL"}
+        and not k.startswith("PYTEST_XDIST")
+    }
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(REPO)
     env.update(extra or {})

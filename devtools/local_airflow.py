@@ -131,6 +131,7 @@ class Proc:
     pgid: int
     log: str
     popen: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+    log_offset: int = field(default=0, repr=False, compare=False)  # the log's size at spawn
 
     def as_dict(self) -> dict:
         return {"name": self.name, "pid": self.pid, "pgid": self.pgid, "log": self.log}
@@ -475,6 +476,7 @@ class AirflowStack:
         logs = self.run_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_path = logs / f"{name}.log"
+        offset = log_path.stat().st_size if log_path.exists() else 0  # logs are appended to
         with log_path.open("ab") as log:
             popen = subprocess.Popen(
                 list(args),
@@ -485,7 +487,7 @@ class AirflowStack:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: `down` ends it whole
             )
-        proc = Proc(name, popen.pid, popen.pid, str(log_path), popen)
+        proc = Proc(name, popen.pid, popen.pid, str(log_path), popen, offset)
         self.procs.append(proc)
         self._write_pid_file()
         return proc
@@ -525,21 +527,21 @@ class AirflowStack:
             self.broker_url = f"redis://127.0.0.1:{redis_port}/0"
         if self.webhook_url is None:  # not given by the caller: a sink of our own
             self.webhook_log = self.run_dir / "webhook.jsonl"
-            sink_port = free_port()
-            self.spawn(
+            # port 0: the sink binds a free port itself and prints its URL (no pick-then-bind race)
+            sink = self.spawn(
                 "webhook-sink",
                 [
                     sys.executable,
                     "-m",
                     "devtools.webhook_sink",
                     "--port",
-                    str(sink_port),
+                    "0",
                     "--out",
                     str(self.webhook_log),
                 ],
                 env=_plain_env(),
             )
-            sink_url = f"http://127.0.0.1:{sink_port}"
+            sink_url = self._announced_url(sink, r"webhook sink on (http://\S+)", "webhook sink")
             wait_for(lambda: _http_ok(sink_url), timeout=30, what="webhook sink")
             self.webhook_url = sink_url
         if (
@@ -547,21 +549,28 @@ class AirflowStack:
             and self.start_selections
             and find_spec("devtools.selections_service") is not None
         ):
-            sel_port = free_port()
-            self.spawn(
+            service = self.spawn(
                 "selections-service",
-                [
-                    sys.executable,
-                    "-m",
-                    "devtools.selections_service",
-                    "--port",
-                    str(sel_port),
-                ],
+                [sys.executable, "-m", "devtools.selections_service", "--port", "0"],
                 env=_plain_env(),
             )
-            self.selections_url = f"http://127.0.0.1:{sel_port}"
-            wait_for(lambda: _port_open(sel_port), timeout=30, what="selections service")
+            self.selections_url = self._announced_url(
+                service, r"selections service listening on (http://\S+)", "selections service"
+            )
         self._env = None  # the URLs are part of the environment
+
+    def _announced_url(self, proc: Proc, pattern: str, what: str, timeout: float = 30) -> str:
+        """The URL a service printed to its log once it listened (it bound port 0 itself)."""
+        import re
+
+        def announced() -> str | None:
+            self.check_alive()
+            with Path(proc.log).open("rb") as log:  # this start's lines only
+                log.seek(proc.log_offset)
+                found = re.search(pattern, log.read().decode(errors="replace"))
+            return found.group(1).rstrip("/") if found else None
+
+        return wait_for(announced, timeout=timeout, what=f"{what} to listen", retry_errors=False)  # type: ignore[return-value]
 
     def write_passwords(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)

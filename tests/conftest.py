@@ -7,7 +7,8 @@ order. Nothing here mocks the database. With neither (the Astro image under
 ``astro dev pytest``), every test that needs a database skips with one line saying so.
 
 Also pytest-timeout's per-test guard, set here rather than in pyproject (see
-:func:`pytest_configure`).
+:func:`pytest_configure`), the order the tiers run in and, under pytest-xdist (``make test``
+runs two workers), which tests share a worker (see :func:`pytest_collection_modifyitems`).
 """
 
 from __future__ import annotations
@@ -67,8 +68,110 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         environment.skip_without_postgres()
 
 
+# Tiers in the order a plain run takes them: the fast tiers first, so that a unit failure shows
+# in the first minutes rather than after the end-to-end tier.
+TIER_ORDER = ("unit", "integration", "dags", "image", "e2e", "ui")
+# The tiers that start Airflow stacks run in one xdist group (one worker, one after the other):
+# two stacks at once on two cores would starve each other's schedulers.
+STACK_TIERS = frozenset({"e2e", "ui"})
+STACK_GROUP = "airflow-stacks"
+
+
+def _tier(item: pytest.Item) -> str:
+    path = Path(str(item.fspath)).resolve()
+    parts = path.relative_to(_REPO).parts if path.is_relative_to(_REPO) else ()
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the tiers: :data:`TIER_ORDER`, file order within a tier.
+
+    Under xdist (``make test``: ``--dist loadgroup --no-loadscope-reorder``, the scheduler
+    below) the stack tiers come first: their group is the longest chain of work, and the
+    scheduler hands groups out in collection order. Tests do not depend on each other or on
+    this order.
+    """
+    rank = {tier: i for i, tier in enumerate(TIER_ORDER)}
+    xdist = bool(os.environ.get("PYTEST_XDIST_WORKER"))  # a worker (the controller collects)
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        tier = _tier(item)
+        first = 0 if xdist and tier in STACK_TIERS else 1
+        return (first, rank.get(tier, len(rank)))
+
+    items.sort(key=key)  # stable: file and definition order within a tier
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group a test runs in: the stack tiers all in one, any other test with its module."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return (
+        STACK_GROUP
+        if len(parts) > 2 and parts[:1] == ["tests"] and parts[1] in STACK_TIERS
+        else path
+    )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup`` with the groups of :func:`xdist_group`.
+
+    Not ``xdist_group`` markers: pytest-xdist 3.8 applies them by rewriting ``item._nodeid``,
+    which pytest 9.2 no longer reads (``Node.nodeid`` comes from ``_id``), so every test ran
+    on whichever worker was free. A module's tests stay together, so its fixtures are built
+    once; the stack group goes to one worker, which runs the stacks one after another.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return TierGroups(config, log)
+
+
+# Skips that stay skips under PIN_REQUIRE_ALL=1 (CI): {test module: a piece of the reason},
+# each with why it cannot run in CI. The same pattern as tests/image's MAY_SKIP, which governs
+# the image environment's own run (that run does not inherit PIN_REQUIRE_ALL). None today: CI
+# runs as root with the .venv, so every suite's tool is there or installed
+# (devtools/ensure_system_packages.sh) and statsd_exporter is on PATH (.ci/run).
+ALLOWED_SKIPS: dict[str, str] = {}
+
+
+def allowed_skip(module: str, reason: str) -> bool:
+    piece = ALLOWED_SKIPS.get(module)
+    return piece is not None and piece in reason
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """Under ``PIN_REQUIRE_ALL=1`` a skip not in :data:`ALLOWED_SKIPS` is a failure.
+
+    On a developer machine without root the skips stay, with their messages.
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if not report.skipped or hasattr(report, "wasxfail") or not environment.require_all():
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    module = item.module.__name__ if getattr(item, "module", None) else item.nodeid
+    if allowed_skip(module, reason):
+        return
+    report.outcome = "failed"
+    report.longrepr = (
+        f"{environment.REQUIRE_ALL_ENV}=1: this test may not skip ({module} is not in "
+        f"ALLOWED_SKIPS of tests/conftest.py). Its reason: {reason}"
+    )
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [environment.postgres_header()]
+    if environment.require_all():
+        lines.append(f"{environment.REQUIRE_ALL_ENV}=1: a skip not in ALLOWED_SKIPS fails")
     if not config.pluginmanager.hasplugin("timeout"):  # else the plugin prints its own line
         lines.append("timeout: none (pytest-timeout not installed)")
     return lines
@@ -115,10 +218,37 @@ def db(pg_admin_url: str, pg_template: str) -> Iterator[pg.Database]:
         pg.drop_database(pg_admin_url, name)
 
 
+@pytest.fixture(scope="session")
+def airflow_meta_template(
+    pg_admin_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """One migrated Airflow metadata DB per session (per xdist worker): every Airflow stack of
+    the e2e and UI tiers gets a copy (``CREATE DATABASE ... TEMPLATE``) instead of running
+    ``airflow db migrate`` itself."""
+    from devtools import airflow_env
+
+    name = f"meta_template_{os.getpid()}"
+    template = pg.create_database(pg_admin_url, name, drop=True)
+    home = tmp_path_factory.mktemp("meta-template-home")
+    airflow_env.migrate(
+        airflow_env.airflow_env(
+            home, job_db_url="postgresql:///unused", metadata_url=pg.sqlalchemy_url(template.url)
+        )
+    )
+    try:
+        yield name
+    finally:
+        pg.drop_database(pg_admin_url, name)
+
+
 # Airflow reads its config when first imported: point it at this repo (and a scratch home)
 # unless the caller (astro dev pytest, CI) already did.
 _REPO = Path(__file__).resolve().parent.parent
-os.environ.setdefault("AIRFLOW_HOME", str(_REPO / ".local" / "airflow-test"))
+# Each xdist worker has a home of its own (and its own embedded Postgres: pg_admin_url).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+os.environ.setdefault(
+    "AIRFLOW_HOME", str(_REPO / ".local" / ("airflow-test" + (f"-{_WORKER}" if _WORKER else "")))
+)
 os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(_REPO / "dags"))
 os.environ.setdefault("AIRFLOW__CORE__PLUGINS_FOLDER", str(_REPO / "plugins"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")

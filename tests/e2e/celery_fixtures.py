@@ -18,7 +18,7 @@ import pytest
 
 from devtools.airflow_env import REPO
 from devtools.selections_service import SelectionsService
-from tests.e2e.stack_fixtures import E2EAirflow, JobServer, start_e2e, stop_e2e
+from tests.e2e.stack_fixtures import E2EAirflow, JobServer, e2e_stack, running_e2e
 
 ENSURE = REPO / "devtools" / "ensure_system_packages.sh"
 PROVIDER_HINT = (
@@ -53,6 +53,7 @@ def celery_provider_or_skip() -> None:
 def airflow_celery(
     tmp_path_factory: pytest.TempPathFactory,
     pg_admin_url: str,
+    airflow_meta_template: str,
     e2e_job_server: JobServer,
     e2e_selections: SelectionsService,
 ) -> Iterator[E2EAirflow]:
@@ -60,7 +61,7 @@ def airflow_celery(
     celery_provider_or_skip()
     redis = redis_server_or_skip()
     tmp: Path = tmp_path_factory.mktemp("e2e-celery")
-    e2e = start_e2e(
+    e2e = e2e_stack(
         tmp,
         meta_admin_url=pg_admin_url,
         job_server=e2e_job_server,
@@ -71,9 +72,5 @@ def airflow_celery(
         scheduled_runs=False,
         name="celery",
     )
-    try:
+    with running_e2e(e2e, meta_template=airflow_meta_template, what="the Celery stack"):
         yield e2e
-    finally:
-        left = stop_e2e(e2e)
-        if left:
-            pytest.fail(f"processes left after stopping the Celery Airflow: {left}")

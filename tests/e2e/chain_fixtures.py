@@ -7,12 +7,17 @@ Alertmanager -> a recording webhook.
 - Prometheus and Alertmanager: Debian's ``prometheus`` / ``prometheus-alertmanager``, installed by
   ``devtools/ensure_system_packages.sh`` where the machine allows it (root, apt-get).
 
-A missing tool skips the suite with a message naming it. Each daemon is our own process on free
-loopback ports with its own data directory under the test's temp dir, stopped by its pid. The
-Prometheus config is generated here (1 s scrape and evaluation); the rules are
-``ops/prometheus/alerts.yml`` as shipped, and Alertmanager runs
-``ops/alertmanager/alertmanager.yml`` as shipped, its receiver's URL pointed at the recording
-webhook.
+A missing tool skips the suite with a message naming it (under ``PIN_REQUIRE_ALL=1``, as in CI,
+that skip fails the run: ``tests/conftest.py``). Each daemon is our own process on loopback ports
+with its own data directory under the test's temp dir, stopped by its pid. The Prometheus
+config is generated here (1 s scrape and evaluation); the rules are ``ops/prometheus/alerts.yml``
+as shipped, and Alertmanager runs ``ops/alertmanager/alertmanager.yml`` as shipped, its
+receiver's URL pointed at the recording webhook.
+
+Every test gets a fresh chain (:func:`alert_chain`: new daemons, empty data directories, a new
+receiver), so no test sees another's metrics or alerts. The ports are chosen once per session
+(:func:`chain_ports`): the session's manual-runs Airflow (:func:`chain_airflow`) sends StatsD
+and task alerts to them whichever chain is up.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ import pytest
 import yaml
 
 from devtools.local_airflow import free_port, wait_for
+from devtools.otlp_receiver import OtlpReceiver
 from tests.e2e.loopback import RecordingWebhook
+from tests.e2e.stack_fixtures import E2EAirflow, e2e_stack, running_e2e
 
 REPO = Path(__file__).resolve().parents[2]
 MAPPING = REPO / "ops" / "statsd" / "mapping.yml"
@@ -41,6 +48,12 @@ RULES = REPO / "ops" / "prometheus" / "alerts.yml"
 ALERTMANAGER = REPO / "ops" / "alertmanager" / "alertmanager.yml"
 ENSURE = REPO / "devtools" / "ensure_system_packages.sh"
 STATSD_EXPORTER_ENV = "STATSD_EXPORTER"
+# where a user gets the binary (README, "Layout"): the version the tests run with
+STATSD_EXPORTER_VERSION = "v0.23.0"
+STATSD_EXPORTER_HINT = (
+    f"Debian has no package; upstream's release {STATSD_EXPORTER_VERSION} from "
+    "github.com/prometheus/statsd_exporter/releases"
+)
 SCRAPE_SECONDS = 1
 
 
@@ -61,7 +74,7 @@ def require_tools() -> dict[str, str]:
     if exporter is None:
         pytest.skip(
             "statsd_exporter not found: put upstream's binary on PATH or set "
-            f"{STATSD_EXPORTER_ENV}=/path/to/statsd_exporter (Debian has no package)"
+            f"{STATSD_EXPORTER_ENV}=/path/to/statsd_exporter ({STATSD_EXPORTER_HINT})"
         )
     done = subprocess.run(
         [
@@ -88,6 +101,37 @@ def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class ChainPorts:
+    """Where the chain listens (chosen once per session; each test's fresh chain reuses them)."""
+
+    statsd: int  # UDP
+    exporter_web: str
+    prometheus_web: str
+    alertmanager_web: str
+
+    @classmethod
+    def pick(cls) -> ChainPorts:
+        return cls(
+            free_udp_port(),
+            f"127.0.0.1:{free_port()}",
+            f"127.0.0.1:{free_port()}",
+            f"127.0.0.1:{free_port()}",
+        )
+
+    def airflow_env(self) -> dict[str, str]:
+        """StatsD to the exporter; task alerts also to Alertmanager (connection alertmanager)."""
+        return {
+            "AIRFLOW__METRICS__STATSD_ON": "True",
+            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+            "AIRFLOW__METRICS__STATSD_PORT": str(self.statsd),
+            "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+            "AIRFLOW_CONN_ALERTMANAGER": json.dumps(
+                {"conn_type": "http", "host": f"http://{self.alertmanager_web}"}
+            ),
+        }
 
 
 @dataclass
@@ -135,24 +179,21 @@ class Chain:
     prometheus: Daemon
     alertmanager: Daemon
     receiver: RecordingWebhook
-    statsd_port: int
-    prometheus_url: str
-    alertmanager_url: str
+    ports: ChainPorts
     started_at: float = field(default_factory=time.time)
+
+    @property
+    def prometheus_url(self) -> str:
+        return f"http://{self.ports.prometheus_web}"
+
+    @property
+    def alertmanager_url(self) -> str:
+        return f"http://{self.ports.alertmanager_web}"
 
     # -- what Airflow needs ----------------------------------------------------------------
 
     def airflow_env(self) -> dict[str, str]:
-        """StatsD to the exporter; task alerts also to Alertmanager (connection alertmanager)."""
-        return {
-            "AIRFLOW__METRICS__STATSD_ON": "True",
-            "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
-            "AIRFLOW__METRICS__STATSD_PORT": str(self.statsd_port),
-            "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
-            "AIRFLOW_CONN_ALERTMANAGER": json.dumps(
-                {"conn_type": "http", "host": self.alertmanager_url}
-            ),
-        }
+        return self.ports.airflow_env()
 
     # -- Prometheus' query API -----------------------------------------------------------
 
@@ -245,12 +286,15 @@ def alertmanager_config(receiver_url: str) -> dict[str, Any]:
     return config
 
 
-def start_chain(tmp: Path, tools: dict[str, str], receiver: RecordingWebhook) -> Chain:
+def start_chain(
+    tmp: Path, tools: dict[str, str], receiver: RecordingWebhook, ports: ChainPorts | None = None
+) -> Chain:
     tmp.mkdir(parents=True, exist_ok=True)
-    statsd_port = free_udp_port()
-    exporter_web = f"127.0.0.1:{free_port()}"
-    prom_web = f"127.0.0.1:{free_port()}"
-    am_web = f"127.0.0.1:{free_port()}"
+    ports = ports or ChainPorts.pick()
+    statsd_port = ports.statsd
+    exporter_web = ports.exporter_web
+    prom_web = ports.prometheus_web
+    am_web = ports.alertmanager_web
     exporter = Daemon(
         "statsd_exporter",
         [
@@ -297,15 +341,7 @@ def start_chain(tmp: Path, tools: dict[str, str], receiver: RecordingWebhook) ->
         for daemon in reversed(started):
             daemon.stop()
         raise
-    return Chain(
-        exporter,
-        prometheus,
-        alertmanager,
-        receiver,
-        statsd_port,
-        f"http://{prom_web}",
-        f"http://{am_web}",
-    )
+    return Chain(exporter, prometheus, alertmanager, receiver, ports)
 
 
 def stop_chain(chain: Chain) -> None:
@@ -313,16 +349,73 @@ def stop_chain(chain: Chain) -> None:
         daemon.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chain_tools() -> dict[str, str]:
     return require_tools()
 
 
-@pytest.fixture(scope="module")
-def alert_chain(tmp_path_factory: pytest.TempPathFactory, chain_tools) -> Iterator[Chain]:
+@pytest.fixture(scope="session")
+def chain_ports() -> ChainPorts:
+    return ChainPorts.pick()
+
+
+@pytest.fixture
+def alert_chain(tmp_path: Path, chain_tools, chain_ports: ChainPorts) -> Iterator[Chain]:
+    """A fresh chain for one test (new daemons, empty storage, a new receiver)."""
     with RecordingWebhook() as receiver:
-        chain = start_chain(tmp_path_factory.mktemp("alert-chain"), chain_tools, receiver)
+        chain = start_chain(tmp_path / "alert-chain", chain_tools, receiver, chain_ports)
         try:
             yield chain
         finally:
             stop_chain(chain)
+
+
+# -- the manual-runs Airflow of the alert chain and the traces test --------------------------
+
+OTEL_SERVICE = "pin-maintenance-e2e"
+
+
+@pytest.fixture(scope="session")
+def otlp() -> Iterator[OtlpReceiver]:
+    """The loopback OTLP/HTTP receiver the manual-runs stack exports its traces to."""
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def chain_airflow(  # noqa: PLR0917 (pytest fixtures)
+    tmp_path_factory: pytest.TempPathFactory,
+    pg_admin_url: str,
+    airflow_meta_template: str,
+    e2e_job_server,
+    e2e_selections,
+    chain_ports: ChainPorts,
+    otlp: OtlpReceiver,
+) -> Iterator[E2EAirflow]:
+    """A LocalExecutor Airflow with manual runs only, its StatsD and task alerts going to the
+    chain's ports and its traces to :func:`otlp` (``[traces] otel_on``, OTLP/HTTP).
+
+    Used by the alert chain's scheduler test and the traces test; each checks only runs it
+    triggered itself (by run id) and, for metrics, a fresh chain of its own. When no chain is
+    up (between tests, or without the tools), StatsD goes to a closed UDP port and an alert to
+    a closed TCP port: neither fails a job.
+    """
+    e2e = e2e_stack(
+        tmp_path_factory.mktemp("e2e-chain"),
+        meta_admin_url=pg_admin_url,
+        job_server=e2e_job_server,
+        job_admin_url=e2e_job_server.admin_url,
+        selections=e2e_selections,
+        scheduled_runs=False,
+        name="chain",
+        extra_env={
+            **chain_ports.airflow_env(),
+            "AIRFLOW__TRACES__OTEL_ON": "True",
+            "OTEL_TRACES_EXPORTER": "otlp_proto_http",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp.endpoint,
+            "OTEL_SERVICE_NAME": OTEL_SERVICE,
+            "OTEL_BSP_SCHEDULE_DELAY": "500",  # ms; the default 5 s only slows the test
+        },
+    )
+    with running_e2e(e2e, meta_template=airflow_meta_template, what="the chain/traces stack"):
+        yield e2e

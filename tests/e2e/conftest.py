@@ -1,7 +1,8 @@
-"""End-to-end tier: a real Airflow (api-server, scheduler, dag-processor, triggerer) per session.
+"""End-to-end tier: real Airflow stacks (api-server, scheduler, dag-processor, triggerer).
 
-Fixtures live in ``stack_fixtures`` (and ``celery_fixtures`` for the distributed executor);
-every test here is marked ``e2e``.
+Fixtures live in ``stack_fixtures`` (``chain_fixtures`` for the alert chain and the manual-runs
+stack it shares with the traces test, ``celery_fixtures`` for the distributed executor);
+every test here is marked ``e2e``. No test depends on another having run, or on their order.
 """
 
 from __future__ import annotations
@@ -9,9 +10,22 @@ from __future__ import annotations
 import pytest
 
 from tests import environment
+from tests.e2e.bundle_fixtures import bundle_e2e, origin
+from tests.e2e.chain_fixtures import chain_airflow, chain_ports, chain_tools, otlp
 from tests.e2e.stack_fixtures import airflow_e2e, e2e_job_server, e2e_selections
 
-__all__ = ["airflow_e2e", "e2e_job_server", "e2e_selections"]
+# session fixtures live here (a fixture imported into two test modules would be two fixtures)
+__all__ = [
+    "airflow_e2e",
+    "bundle_e2e",
+    "chain_airflow",
+    "chain_ports",
+    "chain_tools",
+    "e2e_job_server",
+    "e2e_selections",
+    "origin",
+    "otlp",
+]
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -22,7 +36,47 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     environment.skip_without_embedded_postgres("the end-to-end tier")
 
 
+# The session's shared stacks, in the order their tests run. Each is stopped right after the
+# last test that uses it (pytest_runtest_teardown), not at the end of the session: stacks
+# that idle on until then would take CPU from the ones still in use on two cores.
+SHARED_STACKS = ("airflow_e2e", "bundle_e2e", "chain_airflow")
+
+
+def _is_e2e(item: pytest.Item) -> bool:
+    return "tests/e2e/" in str(item.fspath).replace("\\", "/")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/e2e/" in str(item.fspath).replace("\\", "/"):
-            item.add_marker(pytest.mark.e2e)
+    """Mark the tier; run the users of each shared stack one after another (file order
+    otherwise), so that each stack is started once and stopped as soon as it is done."""
+    positions = [i for i, item in enumerate(items) if _is_e2e(item)]
+    for i in positions:
+        items[i].add_marker(pytest.mark.e2e)
+
+    def key(item: pytest.Item) -> int:
+        used = [n for n, name in enumerate(SHARED_STACKS) if name in item.fixturenames]
+        return used[0] if used else len(SHARED_STACKS)
+
+    e2e = sorted((items[i] for i in positions), key=key)  # stable: file order within
+    for i, item in zip(positions, e2e, strict=True):
+        items[i] = item
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test (in a row) that uses a shared stack, stop that stack.
+
+    ``FixtureDef.finish`` runs the fixture's teardown now and forgets its value, so a later
+    test that asks for the stack again (a ``-k`` selection, another order) gets a new one.
+    """
+    infos = getattr(item, "_fixtureinfo", None)
+    request = getattr(item, "_request", None)
+    if infos is None or request is None:
+        return
+    for name in SHARED_STACKS:
+        if name not in item.fixturenames:
+            continue
+        if nextitem is not None and name in nextitem.fixturenames:
+            continue
+        for fixturedef in infos.name2fixturedefs.get(name, ()):
+            fixturedef.finish(request)

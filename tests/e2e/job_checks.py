@@ -227,9 +227,13 @@ def check_detach_retry(e2e: E2EAirflow, *, dry_run_via: str = "cli", via: str = 
             not_due = generate_outbox(conn, 2, due_in=timedelta(hours=1))
         calls_before = e2e.selections.call_counts()
 
-        trigger(e2e, DETACH, {"dry_run": True, "batch_size": 3}, dry_run_via)
+        dry = trigger(e2e, DETACH, {"dry_run": True, "batch_size": 3}, dry_run_via)
         assert _outbox(e2e, snapshots) == {s: ("Pending", 0) for s in snapshots}
         assert e2e.selections.call_counts() == calls_before, "a dry run called selections"
+        dry_report = e2e.xcom(DETACH, dry, "detach_pending_snapshots")
+        assert dry_report["DryRun"] is True, dry_report
+        assert dry_report["Due"] == 10, dry_report  # the 10 due rows, not the 2 later ones
+        assert (dry_report["Claimed"], dry_report["Calls"]) == (0, 0), dry_report
 
         run_id = trigger(e2e, DETACH, {"batch_size": 3, "detach_concurrency": 2}, via)
 
@@ -240,7 +244,11 @@ def check_detach_retry(e2e: E2EAirflow, *, dry_run_via: str = "cli", via: str = 
         for s in not_due:
             assert e2e.selections.call_count(s) == 0, s
         result = e2e.xcom(DETACH, run_id, "detach_pending_snapshots")
-        assert result, result
+        assert result["DryRun"] is False, result
+        assert (result["Claimed"], result["Succeeded"], result["Calls"]) == (10, 10, 10), result
+        assert (result["Retried"], result["Quarantined"], result["Failed"]) == (0, 0, 0), result
+        assert result["Batches"] >= 4, result  # 10 rows in batches of 3: the param reached it
+        assert result["Pending"] == 2, result  # the two rows not yet due
 
     scenario(e2e, DETACH, body)
 
@@ -258,9 +266,15 @@ def check_requeue(e2e: E2EAirflow, *, via: str = "api") -> None:
     assert {s: st for s, (st, _) in _outbox(e2e, quarantined).items()} == dict.fromkeys(
         quarantined, "Quarantined"
     )
-    assert e2e.xcom(REQUEUE, dry, "requeue_quarantined_snapshots")
+    dry_report = e2e.xcom(REQUEUE, dry, "requeue_quarantined_snapshots")
+    assert dry_report["DryRun"] is True, dry_report
+    assert (dry_report["WouldRequeueCount"], dry_report["RequeuedCount"]) == (2, 0), dry_report
+    assert sorted(dry_report["SnapshotIds"]) == sorted(chosen), dry_report
 
-    trigger(e2e, REQUEUE, {"snapshot_ids": chosen}, via)
+    run_id = trigger(e2e, REQUEUE, {"snapshot_ids": chosen}, via)
+    report = e2e.xcom(REQUEUE, run_id, "requeue_quarantined_snapshots")
+    assert (report["RequeuedCount"], report["WouldRequeueCount"]) == (2, 0), report
+    assert sorted(report["SnapshotIds"]) == sorted(chosen), report
 
     state = _outbox(e2e, quarantined)
     assert {s: state[s] for s in chosen} == {s: ("Pending", 0) for s in chosen}

@@ -7,16 +7,23 @@ its own, so the fault tests can restart the jobs' server without taking Airflow'
 down with it (as in production, where they are different servers). The api-server listens on
 a random free port. The test-only DAGs of ``tests/e2e/dags`` are a second DAG bundle.
 
-Teardown stops every process group and fails when any process of this Airflow is left.
+Every stack of the e2e and UI tiers runs inside :func:`running_stack`: its metadata DB is a copy
+of one migrated template (``airflow_meta_template`` of tests/conftest.py, ``CREATE DATABASE ...
+TEMPLATE``, instead of an ``airflow db migrate`` per stack), and its teardown is ``make down``'s
+(:func:`devtools.local_airflow.cmd_down` on the stack's pid file), which must leave no process
+of that Airflow behind, or the teardown fails. Every stack also gets the test-only cluster
+policy of ``tests/e2e/airflow_config`` (a short ``retry_delay``; the DAGs keep 30 s).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,11 +33,13 @@ import psycopg
 import pytest
 
 from devtools import pg
-from devtools.local_airflow import AirflowStack, free_port, wait_for
+from devtools.local_airflow import AirflowStack, cmd_down, free_port, group_members, wait_for
 from devtools.selections_service import SelectionsService
 from tests.e2e.probe import STATE_DIR_ENV, read_events
 
 E2E_DAGS = Path(__file__).resolve().parent / "dags"
+# airflow_local_settings.py with the test-only task policy, copied to $AIRFLOW_HOME/config
+E2E_AIRFLOW_CONFIG = Path(__file__).resolve().parent / "airflow_config"
 TERMINAL = frozenset({"success", "failed"})
 # generous: the machine is shared and Airflow's processes compete for two cores
 RUN_TIMEOUT = float(os.environ.get("PIN_E2E_RUN_TIMEOUT", "300"))
@@ -227,7 +236,73 @@ class E2EAirflow:
         return f"{prefix}__{uuid.uuid4().hex[:10]}"
 
 
-def start_e2e(
+def install_test_policy(home: Path) -> None:
+    """Put the e2e-only ``airflow_local_settings.py`` into ``<home>/config`` (on Airflow's path)."""
+    config = home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(E2E_AIRFLOW_CONFIG / "airflow_local_settings.py", config)
+
+
+@contextmanager
+def running_stack(
+    stack: AirflowStack, *, meta_template: str | None, what: str = "Airflow"
+) -> Iterator[AirflowStack]:
+    """Start ``stack`` (its metadata DB copied from ``meta_template``), yield it, then stop it.
+
+    The stop is ``make down``'s: :func:`devtools.local_airflow.cmd_down` reads the stack's pid
+    file and ends each component's whole process group, and every process group a descendant
+    moved to (LocalExecutor's task supervisors, DESIGN section 8). Afterwards no process may
+    carry this Airflow's ``AIRFLOW_HOME`` in its environment, wherever it was reparented to,
+    no component's group may have a member, and the pid file is gone; else the teardown fails.
+    """
+    install_test_policy(stack.home)
+    stack.start(migrate=meta_template is None, meta_template=meta_template)
+    failed = False
+    try:
+        yield stack
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        problems = stop_like_make_down(stack)
+        if problems and not failed:
+            pytest.fail(f"{what}: {'; '.join(problems)}")
+
+
+def stop_like_make_down(stack: AirflowStack) -> list[str]:
+    """Stop ``stack`` with ``make down``'s code path; return what is wrong afterwards."""
+    problems = []
+    groups = [p.pgid for p in stack.procs]
+    if not stack.pid_file.exists():
+        problems.append(f"no pid file {stack.pid_file} for make down to read")
+        stack.stop()
+    elif not leftover_processes(stack.home):
+        problems.append("no process of the stack was running before the stop")
+    else:
+        assert cmd_down(stack.pid_file) == 0
+    for proc in stack.procs:  # our own children: reap them (cmd_down only signals)
+        if proc.popen is not None:
+            try:
+                proc.popen.wait(timeout=30)
+            except Exception:
+                problems.append(f"{proc.name} did not exit")
+    left = wait_gone(stack.home)
+    if left:
+        problems.append(f"processes left after make down: {left}")
+        stack.stop()  # do not leave them to the next stack
+    deadline = time.monotonic() + 30  # a SIGKILLed member may take a moment to be gone
+    groups_left = [g for g in groups if group_members(g)]
+    while groups_left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        groups_left = [g for g in groups if group_members(g)]
+    if groups_left:
+        problems.append(f"process groups with members after make down: {groups_left}")
+    if stack.pid_file.exists():
+        problems.append(f"make down left its pid file {stack.pid_file}")
+    return problems
+
+
+def e2e_stack(
     tmp: Path,
     *,
     meta_admin_url: str,
@@ -243,6 +318,7 @@ def start_e2e(
     repo_on_path: bool = True,
     webhook_url: str | None = None,
 ) -> E2EAirflow:
+    """An e2e stack (not started: run it with :func:`running_e2e`)."""
     state_dir = tmp / "state"
     state_dir.mkdir(parents=True, exist_ok=True)
     suffix = f"{name}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
@@ -270,15 +346,17 @@ def start_e2e(
         paused_at_creation=True,
         selections_url=selections.url if selections else None,
     )
-    stack.start()
     return E2EAirflow(stack, state_dir, job_server, selections, scheduled_runs)
 
 
-def stop_e2e(e2e: E2EAirflow) -> list[str]:
-    """Stop the stack; return the processes still around afterwards (should be none)."""
-    e2e.close()
-    e2e.stack.stop()
-    return wait_gone(e2e.stack.home)
+@contextmanager
+def running_e2e(e2e: E2EAirflow, *, meta_template: str, what: str) -> Iterator[E2EAirflow]:
+    """:func:`running_stack` for an :class:`E2EAirflow` (its REST client closed first)."""
+    with running_stack(e2e.stack, meta_template=meta_template, what=what):
+        try:
+            yield e2e
+        finally:
+            e2e.close()
 
 
 def wait_gone(home: Path, timeout: float = 30) -> list[str]:
@@ -320,21 +398,17 @@ def e2e_selections() -> Iterator[SelectionsService]:
 def airflow_e2e(
     tmp_path_factory: pytest.TempPathFactory,
     pg_admin_url: str,
+    airflow_meta_template: str,
     e2e_job_server: JobServer,
     e2e_selections: SelectionsService,
 ) -> Iterator[E2EAirflow]:
-    """One LocalExecutor Airflow for the whole e2e session (about 30-60 s to start)."""
-    tmp = tmp_path_factory.mktemp("e2e-local")
-    e2e = start_e2e(
-        tmp,
+    """One LocalExecutor Airflow with scheduled runs for the whole e2e session."""
+    e2e = e2e_stack(
+        tmp_path_factory.mktemp("e2e-local"),
         meta_admin_url=pg_admin_url,
         job_server=e2e_job_server,
         job_admin_url=e2e_job_server.admin_url,
         selections=e2e_selections,
     )
-    try:
+    with running_e2e(e2e, meta_template=airflow_meta_template, what="the scheduled stack"):
         yield e2e
-    finally:
-        left = stop_e2e(e2e)
-        if left:
-            pytest.fail(f"processes left after stopping Airflow: {left}")

@@ -44,7 +44,7 @@ from devtools import pg
 from devtools.local_airflow import AirflowStack, free_port
 from devtools.local_airflow import wait_for as _wait_for
 from tests.e2e.loopback import RecordingWebhook, UdpListener
-from tests.e2e.stack_fixtures import wait_gone
+from tests.e2e.stack_fixtures import running_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(360)]
 
@@ -72,9 +72,10 @@ def wait_for(probe: Callable[[], T], *, timeout: float, what: str) -> T:
 
 
 @pytest.fixture
-def metadata_db(pg_admin_url: str) -> Iterator[pg.Database]:
+def metadata_db(pg_admin_url: str, airflow_meta_template: str) -> Iterator[pg.Database]:
+    """A copy of the session's migrated metadata DB (the test reads its tables directly)."""
     name = f"airflow_e2e_deadline_{os.getpid()}"
-    database = pg.create_database(pg_admin_url, name, drop=True)
+    database = pg.create_database(pg_admin_url, name, template=airflow_meta_template, drop=True)
     try:
         yield database
     finally:
@@ -91,7 +92,8 @@ def deadline_airflow(
     webhook_url: str,
     extra_env: dict[str, str],
 ) -> Iterator[AirflowStack]:
-    """The stack for this test; stopped (task supervisors included) and checked gone after."""
+    """The stack for this test (``database`` is already migrated); stopped as ``make down``
+    does (task supervisors included) and checked gone after."""
     stack = AirflowStack(
         home=tmp_path / "home",
         run_dir=tmp_path / "run",
@@ -107,12 +109,9 @@ def deadline_airflow(
         paused_at_creation=False,
         extra_env={**QUICK_REPARSE, **extra_env},
     )
-    stack.start()
-    try:
+    # the database exists (a copy of the migrated template): nothing to create or migrate
+    with running_stack(stack, meta_template=database.name, what="the deadline stack"):
         yield stack
-    finally:
-        stack.stop()
-        assert wait_gone(stack.home) == [], "processes left after stopping Airflow"
 
 
 def _cli(af: AirflowStack, *args: str) -> subprocess.CompletedProcess[str]:

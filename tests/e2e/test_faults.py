@@ -1,5 +1,8 @@
 """Faults under the scheduler: the jobs' Postgres restarts in the middle of a run.
 
+On the git-bundle stack (``bundle_e2e``: manual runs only, so no scheduled tick lands inside a
+fault run); its task policy (tests/e2e/airflow_config) retries after 2 s instead of 30.
+
 The job tables live on their own embedded server (``e2e_job_server``), so ``pg_ctl restart -m
 fast`` ends every job session mid-batch while Airflow's metadata DB stays up. Expected: the
 task in hand fails (Airflow retries it once, per DEFAULT_ARGS) with nothing half-applied; rows
@@ -45,9 +48,9 @@ def _young_intact(e2e: E2EAirflow, ids: list[uuid.UUID]) -> tuple[int, int, int]
 
 
 def test_postgres_restart_during_a_retention_run(
-    airflow_e2e: E2EAirflow, e2e_job_server: JobServer
+    bundle_e2e: E2EAirflow, e2e_job_server: JobServer
 ) -> None:
-    e2e = airflow_e2e
+    e2e = bundle_e2e
     n_eligible, n_young = 20000, 40
     jc.quiet_window(e2e, jc.RETENTION, need=timedelta(seconds=30))
     tag = uuid.uuid4().hex[:12]
@@ -97,9 +100,9 @@ def test_postgres_restart_during_a_retention_run(
 
 
 def test_postgres_restart_during_a_detach_run(
-    airflow_e2e: E2EAirflow, e2e_job_server: JobServer
+    bundle_e2e: E2EAirflow, e2e_job_server: JobServer
 ) -> None:
-    e2e = airflow_e2e
+    e2e = bundle_e2e
     svc = e2e.selections
     assert svc is not None
     n_rows, batch = 150, 10

@@ -1,5 +1,10 @@
 """The shipped DAGs under the real scheduler (LocalExecutor): one dry run and one real run each,
 triggered with params through the CLI and the REST API, and invalid params refused up front.
+
+The runs happen on the git-bundle stack (``bundle_e2e``: the DAGs as a deployment loads them,
+manual runs only), the refusals on the scheduled stack (``airflow_e2e``, the DAGs from the
+dags folder with the repository on ``PYTHONPATH``). The same scenarios run once more under
+CeleryExecutor (``test_celery_executor``): once per executor.
 """
 
 from __future__ import annotations
@@ -12,20 +17,20 @@ from tests.e2e.stack_fixtures import E2EAirflow
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_slot_expiration_runs_with_trigger_params(airflow_e2e: E2EAirflow) -> None:
-    jc.check_slot_expiration(airflow_e2e, dry_run_via="cli", via="api")
+def test_slot_expiration_runs_with_trigger_params(bundle_e2e: E2EAirflow) -> None:
+    jc.check_slot_expiration(bundle_e2e, dry_run_via="cli", via="api")
 
 
-def test_retention_runs_with_trigger_params(airflow_e2e: E2EAirflow) -> None:
-    jc.check_retention(airflow_e2e, dry_run_via="api", via="cli")
+def test_retention_runs_with_trigger_params(bundle_e2e: E2EAirflow) -> None:
+    jc.check_retention(bundle_e2e, dry_run_via="api", via="cli")
 
 
-def test_detach_retry_runs_with_trigger_params(airflow_e2e: E2EAirflow) -> None:
-    jc.check_detach_retry(airflow_e2e, dry_run_via="cli", via="api")
+def test_detach_retry_runs_with_trigger_params(bundle_e2e: E2EAirflow) -> None:
+    jc.check_detach_retry(bundle_e2e, dry_run_via="cli", via="api")
 
 
-def test_requeue_moves_the_chosen_quarantined_rows(airflow_e2e: E2EAirflow) -> None:
-    jc.check_requeue(airflow_e2e, via="api")
+def test_requeue_moves_the_chosen_quarantined_rows(bundle_e2e: E2EAirflow) -> None:
+    jc.check_requeue(bundle_e2e, via="api")
 
 
 @pytest.mark.parametrize(

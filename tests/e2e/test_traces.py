@@ -1,75 +1,31 @@
 """Traces under the real scheduler: one trace from ``dag_run.<dag_id>`` to the detach calls.
 
-An Airflow of its own (LocalExecutor, manual runs only) with ``[traces] otel_on`` exports
-OTLP/HTTP (``OTEL_TRACES_EXPORTER=otlp_proto_http``) to a loopback receiver that decodes the
-real protobuf. One detach run is triggered through the REST API; the test asserts the chain
+The manual-runs Airflow that the alert chain uses too (``chain_airflow``: LocalExecutor,
+manual runs only) has ``[traces] otel_on`` and exports OTLP/HTTP
+(``OTEL_TRACES_EXPORTER=otlp_proto_http``) to a loopback receiver that decodes the real
+protobuf. One detach run is triggered through the REST API; the test asserts the chain
 
     dag_run.<dag_id> (scheduler) -> task_run.<task_id> (API server) -> worker.<task_id>
     (task process) -> <dag_id> run -> <dag_id> batch -> detach snapshot (CLIENT)
 
 in one trace, and that the selections service received each CLIENT span as its
-``traceparent``. About 1-2 minutes on 2 shared cores (most of it starting Airflow).
+``traceparent``. The spans are picked by the run id, so other runs of the stack do not matter.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import pytest
 
 from devtools.otlp_receiver import OtlpReceiver, ReceivedSpan
 from devtools.outbox_data import generate_outbox
 from devtools.selections_service import SelectionsService
-from tests.e2e.stack_fixtures import E2EAirflow, start_e2e, stop_e2e
+from tests.e2e.chain_fixtures import OTEL_SERVICE as SERVICE
+from tests.e2e.stack_fixtures import E2EAirflow
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DAG_ID = "news_snapshot_detach_retry"
 TASK = "detach_pending_snapshots"
-SERVICE = "pin-maintenance-e2e"
-
-
-@pytest.fixture(scope="module")
-def otlp() -> Iterator[OtlpReceiver]:
-    with OtlpReceiver() as receiver:
-        yield receiver
-
-
-@pytest.fixture(scope="module")
-def selections() -> Iterator[SelectionsService]:
-    with SelectionsService() as service:
-        yield service
-
-
-@pytest.fixture(scope="module")
-def traced_airflow(
-    tmp_path_factory: pytest.TempPathFactory,
-    pg_admin_url: str,
-    otlp: OtlpReceiver,
-    selections: SelectionsService,
-) -> Iterator[E2EAirflow]:
-    e2e = start_e2e(
-        tmp_path_factory.mktemp("e2e-traces"),
-        meta_admin_url=pg_admin_url,
-        job_server=None,
-        job_admin_url=pg_admin_url,
-        selections=selections,
-        scheduled_runs=False,
-        name="traces",
-        extra_env={
-            "AIRFLOW__TRACES__OTEL_ON": "True",
-            "OTEL_TRACES_EXPORTER": "otlp_proto_http",
-            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": otlp.endpoint,
-            "OTEL_SERVICE_NAME": SERVICE,
-            "OTEL_BSP_SCHEDULE_DELAY": "500",  # ms; the default 5 s only slows the test
-        },
-    )
-    try:
-        yield e2e
-    finally:
-        left = stop_e2e(e2e)
-        if left:
-            pytest.fail(f"processes left after stopping Airflow: {left}")
 
 
 def _one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
@@ -79,9 +35,9 @@ def _one(spans: list[ReceivedSpan], name: str) -> ReceivedSpan:
 
 
 def test_one_trace_from_the_dag_run_to_the_detach_calls(
-    traced_airflow: E2EAirflow, otlp: OtlpReceiver, selections: SelectionsService
+    chain_airflow: E2EAirflow, otlp: OtlpReceiver, e2e_selections: SelectionsService
 ) -> None:
-    e2e = traced_airflow
+    e2e, selections = chain_airflow, e2e_selections
     with e2e.job_conn() as conn:
         conn.execute("delete from news.snapshot_detach_outbox")
         conn.commit()

@@ -136,13 +136,19 @@ def test_lock_does_not_leak_into_a_reused_connection(db):
 
 def test_lock_holder_names_the_holding_session_and_its_age(db):
     assert lock_holder(db.connect, "job:h") is None
-    with advisory_lock(db.connect, "job:h", ttl_seconds=30) as got:
+    opened = []
+
+    def connect():
+        conn = db.connect()
+        opened.append(conn)
+        return conn
+
+    with advisory_lock(connect, "job:h", ttl_seconds=30) as got:
         assert got
-        with db.connect() as conn:  # the holder is the lock's own connection, not this one
-            mine = conn.info.backend_pid
+        [lock_conn] = opened  # the lock's own, dedicated connection
         holder = lock_holder(db.connect, "job:h")
         assert holder is not None
-        assert holder.pid != mine
+        assert holder.pid == lock_conn.info.backend_pid
         assert 0 <= holder.held_seconds < 60
         assert lock_holder(db.connect, "job:other") is None
     assert lock_holder(db.connect, "job:h") is None

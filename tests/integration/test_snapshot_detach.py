@@ -247,17 +247,85 @@ def test_busy_lock_within_a_run_bound_raises_no_alert(db, service):
     assert [a.name for a in telemetry.alerts.sent] == []
 
 
-@pytest.mark.parametrize("same_lock", [True, False], ids=["same_lock", "lock_bypassed"])
-def test_two_concurrent_runs_call_each_snapshot_once(db, service, same_lock):
-    """With the lock one run skips or runs after the other; without it SKIP LOCKED splits."""
+def _advisory_locks_held(db) -> int:
+    with db.connect() as conn:
+        return conn.execute(
+            "select count(*) from pg_locks l join pg_database d on d.oid = l.database"
+            " where l.locktype = 'advisory' and l.granted and d.datname = current_database()"
+        ).fetchone()[0]
+
+
+def test_a_second_run_while_the_first_holds_the_lock_skips(db, service):
+    """One run skips on the lock: the second starts only once the first holds it (seen in
+    pg_locks) and is still calling; it takes nothing, calls nothing and reports the skip."""
+    service.latency_ms = 20  # 120 calls, 2 at a time: the first run holds the lock ~1-2 s
+    entries = insert_entries(db, 120)
+    cfg = config(batch_size=10, detach_concurrency=2)
+    results: dict[str, snapshot_detach.DetachResult] = {}
+
+    def worker(name: str) -> None:
+        results[name] = run_job(db, service, cfg=cfg, lock_name=LOCK_NAME)
+
+    first = threading.Thread(target=worker, args=("first",))
+    first.start()
+    deadline = time.monotonic() + 60
+    while not (_advisory_locks_held(db) and service.call_counts()):
+        assert first.is_alive() and time.monotonic() < deadline, "the first run never held it"
+        time.sleep(0.01)
+    second = threading.Thread(target=worker, args=("second",))
+    second.start()
+    second.join(timeout=120)
+    still_calling = first.is_alive()
+    first.join(timeout=120)
+
+    assert still_calling, "the first run ended before the second tried: nothing was proven"
+    assert results["second"].lock_acquired is False
+    assert results["second"].succeeded == 0
+    assert results["first"].lock_acquired is True
+    assert results["first"].succeeded == 120
+    counts = service.call_counts()
+    assert {e.snapshot_id for e in entries} == set(counts)
+    assert set(counts.values()) == {1}
+    assert all(r.status == "Done" and r.attempts == 1 for r in rows(db).values())
+
+
+def test_two_concurrent_runs_with_the_lock_call_each_snapshot_once(db, service):
+    """Started together under the same lock: one skips or runs after the other (then it finds
+    nothing due), never both at once; each snapshot is called once."""
+    service.latency_ms = 5
+    entries = insert_entries(db, 120)
+    cfg = config(batch_size=10, detach_concurrency=4)
+    results = []
+
+    def worker() -> None:
+        results.append(run_job(db, service, cfg=cfg, lock_name=LOCK_NAME))
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+
+    counts = service.call_counts()
+    assert {e.snapshot_id for e in entries} == set(counts)
+    assert set(counts.values()) == {1}
+    assert all(r.status == "Done" and r.attempts == 1 for r in rows(db).values())
+    # one run did every row; the other skipped on the lock or came after and found none due
+    assert sorted(r.succeeded for r in results) == [0, 120]
+    idle = next(r for r in results if r.succeeded == 0)
+    assert idle.lock_acquired is False or idle.claimed == 0, idle
+
+
+def test_two_concurrent_runs_without_the_lock_split_the_rows(db, service):
+    """The lock bypassed (each run its own lock name): SKIP LOCKED alone splits the rows, and
+    each snapshot is still called once."""
     service.latency_ms = 5
     entries = insert_entries(db, 120)
     cfg = config(batch_size=10, detach_concurrency=4)
     results = []
 
     def worker(index: int) -> None:
-        lock = LOCK_NAME if same_lock else f"{LOCK_NAME}:test-{index}"
-        results.append(run_job(db, service, cfg=cfg, lock_name=lock))
+        results.append(run_job(db, service, cfg=cfg, lock_name=f"{LOCK_NAME}:test-{index}"))
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
     for t in threads:
@@ -270,8 +338,7 @@ def test_two_concurrent_runs_call_each_snapshot_once(db, service, same_lock):
     assert set(counts.values()) == {1}
     assert all(r.status == "Done" and r.attempts == 1 for r in rows(db).values())
     assert sum(r.succeeded for r in results) == 120
-    if not same_lock:
-        assert all(r.lock_acquired for r in results)
+    assert all(r.lock_acquired for r in results)
 
 
 def test_cancellation_stops_between_rows_and_gives_back_attempts(db, service):

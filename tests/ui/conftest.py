@@ -27,7 +27,7 @@ from devtools.ui_browser import (
     new_page,
     ui_stack,
 )
-from tests.e2e.stack_fixtures import wait_gone
+from tests.e2e.stack_fixtures import running_stack
 
 FAILURE_SHOTS = REPO / ".local" / "ui-failures"
 
@@ -68,19 +68,17 @@ def browser() -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def ui_airflow(
-    browser: object, tmp_path_factory: pytest.TempPathFactory, pg_admin_url: str
+    browser: object,
+    tmp_path_factory: pytest.TempPathFactory,
+    pg_admin_url: str,
+    airflow_meta_template: str,
 ) -> Iterator[AirflowStack]:
-    """The make-up stack for the session (about 60-90 s to start on the shared machine)."""
+    """The make-up stack for the session (its metadata DB a copy of the migrated template)."""
     base = tmp_path_factory.mktemp("ui-stack")
     suffix = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
     stack = ui_stack(base, pg_admin_url, meta_db=f"meta_ui_{suffix}", job_db=f"jobs_ui_{suffix}")
-    stack.start()
-    try:
+    with running_stack(stack, meta_template=airflow_meta_template, what="the UI stack"):
         yield stack
-    finally:
-        stack.stop()
-        left = wait_gone(stack.home)
-        assert not left, f"processes of the UI stack left behind: {left}"
 
 
 @pytest.fixture(scope="session")
