@@ -20,7 +20,7 @@ Two questions, each answered with medians of several rounds in the same run:
    (``--latency-sigma 0.6``: lognormal, median 20 ms, p99 about 80 ms) and a plain threaded
    server with one connection per call (``--close-connections``). The job runs as the user
    runs it, ``airflow dags test news_snapshot_detach_retry`` with the defaults; its rate is
-   the due rows over the run's own duration (``job_completed durationMs``: the task process
+   the due rows over the run's own duration (``job_completed duration_ms``: the task process
    start-up and Airflow's bookkeeping around the task are outside it, and reported apart as
    the process wall time). Goal: >= 0.8x the capacity at 16 client threads on the same
    service in the same round.
@@ -52,7 +52,7 @@ AIRFLOW_SERVICES = (
     ("latency with a tail (lognormal, median 20 ms, p99 ~80 ms)", ("--latency-sigma", "0.6")),
     ("threaded server, one connection per call (20 ms)", ("--close-connections",)),
 )
-_DURATION = re.compile(r"event=job_completed .*?durationMs=(\d+)")
+_DURATION = re.compile(r"event=job_completed .*?duration_ms=(\d+)")
 # the job's run bound is raised so one run handles the whole outbox
 RUN_CONFIG = {"max_run_duration_seconds": 3000, "lock_ttl_seconds": 3600}
 # against the limited service one run lasts its bound (batches of 100 start until then)
@@ -128,7 +128,7 @@ def job_duration_seconds(output: str) -> float:
     """The run's own duration from its ``job_completed`` line (the last one in ``output``)."""
     found = _DURATION.findall(output)
     if not found:
-        raise ValueError("no job_completed line with durationMs in the DAG run's output")
+        raise ValueError("no job_completed line with duration_ms in the DAG run's output")
     return int(found[-1]) / 1000
 
 
@@ -195,7 +195,7 @@ def _through_airflow(
         "Through Airflow (issue 27): `airflow dags test news_snapshot_detach_retry` with the "
         "DAG's defaults (`batch_size` 100, adaptive concurrency up to 32) on a fresh clone of "
         "the outbox, against a service a real one resembles. *job rows/s* = due rows over the "
-        "run's own `durationMs` (its `job_completed` line); *process wall* is the whole "
+        "run's own `duration_ms` (its `job_completed` line); *process wall* is the whole "
         "`airflow dags test` process (start-up, parse, task runner, bookkeeping). Capacity: "
         f"the bench's keep-alive client with {CLIENT_THREADS} threads on the same service in "
         "the same round (it reconnects when the service closes the connection). The machine "

@@ -251,9 +251,10 @@ def running_stack(
 
     The stop is ``make down``'s: :func:`devtools.local_airflow.cmd_down` reads the stack's pid
     file and ends each component's whole process group, and every process group a descendant
-    moved to (LocalExecutor's task supervisors, DESIGN section 8). Afterwards no process may
-    carry this Airflow's ``AIRFLOW_HOME`` in its environment, wherever it was reparented to,
-    no component's group may have a member, and the pid file is gone; else the teardown fails.
+    moved to (LocalExecutor's task supervisors: docs/design.md, "Known Airflow 3.3.2
+    behaviour"). Afterwards no process may carry this Airflow's ``AIRFLOW_HOME`` in its
+    environment, wherever it was reparented to, no component's group may have a member, and
+    the pid file is gone; else the teardown fails.
     """
     install_test_policy(stack.home)
     stack.start(migrate=meta_template is None, meta_template=meta_template)

@@ -47,7 +47,7 @@ from devtools.pg import Database
 from devtools.retention_data import seed_sessions
 from devtools.selections_service import SelectionsService
 from include.pin_maintenance.db import advisory_lock
-from include.pin_maintenance.jobs import activity_retention
+from include.pin_maintenance.jobs import activity_retention, snapshot_detach
 from tests.e2e.chain_fixtures import Chain, alert_chain
 from tests.e2e.stack_fixtures import E2EAirflow
 from tests.integration.slot_expiration_fixtures import insert_slot
@@ -82,12 +82,13 @@ PROVOKED = {
     "slot_expiration_poison_row",
     "retention_batch_failed",
     "lock_held_too_long",
+    "ActivityRetentionLockHeldTooLong",
 }
 # rules that fire too, but are inhibited by the task alert of the same event (pin_event) under
 # the shipped ops/alertmanager/alertmanager.yml: one page per event, the one with the details
 INHIBITED = {
     "NewsSnapshotDetachQuarantined": "snapshot_detach_quarantined",
-    "ActivityRetentionLockHeldTooLong": "lock_held_too_long",
+    "NewsSnapshotDetachLockHeldTooLong": "lock_held_too_long",
 }
 # the retention trigger's RAISE text: a recognisable secret and a row value (action event ids)
 RAISE_SECRET = "chain-raise-secret-51d0"
@@ -195,21 +196,34 @@ def test_each_condition_pages_the_first_time_after_a_fresh_exporter(
     done = dags_test(chain, dags_home, job_db, SLOTS)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
-    # one busy night, held longer than the run's bound: lock_held_too_long, but no lock page
+    # a detach lock held past its lease by someone else: each run skips and raises
+    # lock_held_too_long (the threshold is the lease, lock_ttl_seconds, which validation keeps
+    # above the worst-case run); three busy runs also fire its rule, which the task alert of
+    # the same event holds back (one page per event)
+    stuck = {"max_run_duration_seconds": 1, "detach_call_timeout_seconds": 1, "lock_ttl_seconds": 8}
+    with advisory_lock(lambda: psycopg.connect(job_db.url), snapshot_detach.LOCK_NAME, 600) as held:
+        assert held
+        time.sleep(9)  # older than the lease the runs below are given
+        for _ in range(3):
+            done = dags_test(chain, dags_home, job_db, DETACH, selections=selections, conf=stuck)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        chain.wait_series("news_snapshot_detach_lock_contention_total >= 3")
+
+    # retention busy on one night (no page), then on the next (its rule pages): the holder is
+    # inside the lease a live run holds the lock for, so no lock_held_too_long is raised and
+    # the rule is the page
     with job_db.connect() as conn:
         seed_sessions(conn, 3, 0, 1, tag="busy")
         conn.commit()
     lock = activity_retention.LOCK_NAME
     with advisory_lock(lambda: psycopg.connect(job_db.url), lock, 600) as held:
         assert held
-        time.sleep(1.5)
         busy = {"max_run_duration_seconds": 1}
         assert dags_test(chain, dags_home, job_db, RETENTION, conf=busy).returncode == 0
         chain.wait_series("activity_retention_lock_contention_total > 0")
         chain.scraped_since(time.time(), scrapes=3)
         assert chain.query(chain.rule_expr("ActivityRetentionLockHeldTooLong")) == []
         assert "ActivityRetentionLockHeldTooLong" not in chain.alert_states(since)
-        # the next night is busy too: now its rule fires (and lock_held_too_long mutes it)
         assert dags_test(chain, dags_home, job_db, RETENTION, conf=busy).returncode == 0
 
     # a retention batch that fails (a trigger refuses the delete, its text naming a secret and
@@ -280,11 +294,24 @@ def test_each_condition_pages_the_first_time_after_a_fresh_exporter(
 def test_one_quarantine_pages_once_and_a_later_one_pages_again(
     alert_chain: Chain, dags_home, job_db, selections
 ) -> None:
-    """Both paths on, the shipped Alertmanager config: the first test's quarantine reached the
-    pager once (its task alert, with the snapshot id), although its rule fires too; a second
+    """Both paths on, the shipped Alertmanager config: a quarantine reaches the pager once (its
+    task alert, with the snapshot id), although its rule fires too; a second
     quarantine, minutes later while the rule still fires, is a new event and pages again."""
     chain = alert_chain
     event = "snapshot_detach_quarantined"
+    gone = insert_entry(job_db)
+    selections.script(gone.snapshot_id, "not_found")
+    done = dags_test(chain, dags_home, job_db, DETACH, selections=selections)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    chain.wait_received(event, timeout=180)
+    # its rule fires too (a first appearance of the counter), and stays held back
+    wait_for(
+        lambda: chain.query(
+            'ALERTS{alertname="NewsSnapshotDetachQuarantined",alertstate="firing"}'
+        ),
+        timeout=120,
+        what="NewsSnapshotDetachQuarantined firing",
+    )
     [first] = notifications_of(chain, event)
     assert [a["labels"]["alertname"] for a in first["alerts"]] == [event]
     assert "NewsSnapshotDetachQuarantined" not in chain.received()

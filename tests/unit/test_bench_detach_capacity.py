@@ -51,9 +51,9 @@ def test_job_duration_comes_from_the_last_job_completed_line():
     from devtools.bench_detach_capacity import job_duration_seconds
 
     out = (
-        "event=job_completed job=x run_id=a succeeded=1 durationMs=900\n"
-        "noise durationMs=5\n"
-        "event=job_completed job=x run_id=b succeeded=9 stop_reason=drained durationMs=12345\n"
+        "event=job_completed job=x run_id=a succeeded=1 duration_ms=900\n"
+        "noise duration_ms=5\n"
+        "event=job_completed job=x run_id=b succeeded=9 stop_reason=drained duration_ms=12345\n"
     )
     assert job_duration_seconds(out) == 12.345
     with pytest.raises(ValueError, match="job_completed"):
