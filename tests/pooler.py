@@ -19,7 +19,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,6 +31,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from devtools.local_airflow import free_port
 from devtools.pg import Database
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,12 +68,6 @@ def pgbouncer_or_skip() -> str:
 def _sbin(name: str) -> str | None:
     path = Path("/usr/sbin") / name
     return str(path) if path.exists() else None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
