@@ -8,7 +8,7 @@ order. Nothing here mocks the database. With neither (the Astro image under
 
 Also pytest-timeout's per-test guard, set here rather than in pyproject (see
 :func:`pytest_configure`), the order the tiers run in and, under pytest-xdist (``make test``
-runs two workers), which tests share a worker (see :func:`pytest_collection_modifyitems`).
+runs three workers), which tests share a worker (see :func:`pytest_collection_modifyitems`).
 """
 
 from __future__ import annotations
@@ -71,10 +71,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # Tiers in the order a plain run takes them: the fast tiers first, so that a unit failure shows
 # in the first minutes rather than after the end-to-end tier.
 TIER_ORDER = ("unit", "integration", "dags", "image", "e2e", "ui")
+# Under xdist the stack group comes first (one worker), then the other workers take the unit
+# tier and, while failures there would already show, the longest units of work (the image
+# tier's inner run, the stack-free e2e modules), so that short modules fill the end of the run.
+XDIST_TIER_ORDER = ("unit", "image", "e2e", "integration", "dags", "ui")
 # The tiers that start Airflow stacks run in one xdist group (one worker, one after the other):
 # two stacks at once on two cores would starve each other's schedulers.
 STACK_TIERS = frozenset({"e2e", "ui"})
 STACK_GROUP = "airflow-stacks"
+# Modules of those tiers that start no stack (``airflow dags test`` runs and loopback daemons
+# only): each is its own group, so it runs beside the stacks on another worker.
+STACK_FREE = frozenset({"tests/e2e/test_alert_chain.py"})
+# The fixtures that start a stack: a STACK_FREE test that asks for one is a usage error.
+STACK_FIXTURES = frozenset(
+    {"airflow_e2e", "bundle_e2e", "chain_airflow", "airflow_celery", "ui_airflow"}
+)
 
 
 def _tier(item: pytest.Item) -> str:
@@ -83,35 +94,44 @@ def _tier(item: pytest.Item) -> str:
     return parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
 
 
+def _starts_stacks(item: pytest.Item) -> bool:
+    return xdist_group(item.nodeid) == STACK_GROUP
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the tiers: :data:`TIER_ORDER`, file order within a tier.
 
     Under xdist (``make test``: ``--dist loadgroup --no-loadscope-reorder``, the scheduler
-    below) the stack tiers come first: their group is the longest chain of work, and the
-    scheduler hands groups out in collection order. Tests do not depend on each other or on
-    this order.
+    below) the stack group comes first: it is the longest chain of work, and the scheduler
+    hands groups out in collection order; then :data:`XDIST_TIER_ORDER`. Tests do not depend
+    on each other or on this order.
     """
-    rank = {tier: i for i, tier in enumerate(TIER_ORDER)}
     xdist = bool(os.environ.get("PYTEST_XDIST_WORKER"))  # a worker (the controller collects)
+    rank = {tier: i for i, tier in enumerate(XDIST_TIER_ORDER if xdist else TIER_ORDER)}
 
     def key(item: pytest.Item) -> tuple[int, int]:
         tier = _tier(item)
-        first = 0 if xdist and tier in STACK_TIERS else 1
+        first = 0 if xdist and _starts_stacks(item) else 1
         return (first, rank.get(tier, len(rank)))
 
     items.sort(key=key)  # stable: file and definition order within a tier
+    for item in items:
+        stacks = STACK_FIXTURES.intersection(item.fixturenames)
+        if stacks and item.nodeid.split("::", 1)[0] in STACK_FREE:
+            raise pytest.UsageError(
+                f"{item.nodeid} uses {sorted(stacks)} but its module is in STACK_FREE "
+                "(tests/conftest.py): it would start a stack beside the stack tiers"
+            )
 
 
 def xdist_group(nodeid: str) -> str:
-    """The group a test runs in: the stack tiers all in one, any other test with its module."""
+    """The group a test runs in: the stack tiers all in one (but :data:`STACK_FREE`), any
+    other test with its module."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
-    return (
-        STACK_GROUP
-        if len(parts) > 2 and parts[:1] == ["tests"] and parts[1] in STACK_TIERS
-        else path
-    )
+    stacks = len(parts) > 2 and parts[:1] == ["tests"] and parts[1] in STACK_TIERS
+    return STACK_GROUP if stacks and path not in STACK_FREE else path
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -11,8 +11,9 @@ A missing tool skips the suite with a message naming it (under ``PIN_REQUIRE_ALL
 that skip fails the run: ``tests/conftest.py``). Each daemon is our own process on loopback ports
 with its own data directory under the test's temp dir, stopped by its pid. The Prometheus
 config is generated here (1 s scrape and evaluation); the rules are ``ops/prometheus/alerts.yml``
-as shipped, and Alertmanager runs ``ops/alertmanager/alertmanager.yml`` as shipped, its
-receiver's URL pointed at the recording webhook.
+as shipped, and Alertmanager runs ``ops/alertmanager/alertmanager.yml`` as shipped (its
+timings scaled down: :data:`TEST_TIMINGS`), its receiver's URL pointed at the recording
+webhook.
 
 Every test gets a fresh chain (:func:`alert_chain`: new daemons, empty data directories, a new
 receiver), so no test sees another's metrics or alerts. The ports are chosen once per session
@@ -41,6 +42,7 @@ from devtools.local_airflow import free_port, wait_for
 from devtools.otlp_receiver import OtlpReceiver
 from tests.e2e.loopback import RecordingWebhook
 from tests.e2e.stack_fixtures import E2EAirflow, e2e_stack, running_e2e
+from tests.unit.test_ops_promql import promql_series
 
 REPO = Path(__file__).resolve().parents[2]
 MAPPING = REPO / "ops" / "statsd" / "mapping.yml"
@@ -276,10 +278,21 @@ def prometheus_config(exporter_web: str, alertmanager: str) -> dict[str, Any]:
     }
 
 
+# The shipped route's timings, scaled down for the tests (shipped: group_wait 30s,
+# group_interval 2m, which tests/unit/test_ops_alertmanager.py checks): the order of events is
+# the same (an alert waits group_wait before its group's first page; a later alert of the group
+# pages at the next group_interval), only seconds instead of minutes. group_wait stays a few
+# scrapes long, so a rule's alert still meets the task alert that inhibits it.
+TEST_TIMINGS = {"group_wait": "5s", "group_interval": "15s"}
+
+
 def alertmanager_config(receiver_url: str) -> dict[str, Any]:
-    """``ops/alertmanager/alertmanager.yml`` as shipped (route, group_by, timings, inhibit_rules);
-    only its one receiver's URL points at the loopback receiver."""
+    """``ops/alertmanager/alertmanager.yml`` as shipped (route, group_by, inhibit_rules), with
+    :data:`TEST_TIMINGS`; its one receiver's URL points at the loopback receiver."""
     config = yaml.safe_load(ALERTMANAGER.read_text())
+    for key, value in TEST_TIMINGS.items():
+        assert key in config["route"], f"the shipped route has no {key}"
+        config["route"][key] = value
     [pager] = config["receivers"]
     [webhook] = pager["webhook_configs"]
     webhook["url"] = receiver_url
@@ -419,3 +432,42 @@ def chain_airflow(  # noqa: PLR0917 (pytest fixtures)
     )
     with running_e2e(e2e, meta_template=airflow_meta_template, what="the chain/traces stack"):
         yield e2e
+
+
+# -- the dashboard's panels on a chain's metrics ---------------------------------------------
+
+# The series the job code emits (ops/metrics.yml), and Airflow's own dagrun metrics.
+JOB_METRICS = ("news_snapshot_detach_", "calendar_slot_expiration_", "activity_retention_")
+SCHEDULER_METRICS = ("airflow_dagrun_",)
+
+
+def panel_queries() -> list[tuple[str, str]]:
+    dashboard = json.loads((REPO / "ops" / "grafana" / "pin-maintenance.json").read_text())
+    return [
+        (panel["title"], target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+    ]
+
+
+def assert_panels_have_data(
+    chain: Chain, prefixes: tuple[str, ...], *, not_fed: dict[str, str] | None = None
+) -> None:
+    """Every panel target whose series all start with ``prefixes`` (the metrics of the runs
+    just made, on this chain) evaluates without error and has data, unless ``not_fed`` lists
+    it (by expression) with its reason; its series must have been scraped, too."""
+    not_fed = not_fed or {}
+    produced = {s["metric"]["__name__"] for s in chain.query('{__name__=~".+", job="statsd"}')}
+    checked, empty = 0, []
+    for title, expr in panel_queries():
+        series = promql_series(expr)
+        if not series or not all(name.startswith(prefixes) for name in series):
+            continue
+        result = chain.query(expr.replace("$__rate_interval", "1m"))  # raises on an error
+        if expr in not_fed:
+            continue
+        checked += 1
+        if not result or not series <= produced:
+            empty.append((title, expr, sorted(series - produced)))
+    assert checked, f"no panel target is fed by {prefixes}"
+    assert empty == [], f"panels with no data (title, expr, series never scraped): {empty}"

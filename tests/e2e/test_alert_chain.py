@@ -20,9 +20,15 @@ deployment) and a fresh job database, so they run in any order:
    run: no rule becomes pending, nothing new reaches the receiver; the liveness rules'
    expressions, evaluated at later times through the query API, show that a job that really
    stops still pages in the seed's window (thresholds 15 min / 30 min / 26 h);
-3. under the real scheduler (Airflow's own dagrun metrics, the session's manual-runs stack
-   ``chain_airflow``): two failed retention runs and a good one page
-   ActivityRetentionRunErrorRate, and the panels those runs feed have data.
+   the retention run of these feeds the run-duration panels that test 1's runs do not.
+
+Under the real scheduler (Airflow's own dagrun metrics): tests/e2e/test_alert_chain_scheduler.py.
+These tests start no Airflow stack (``airflow dags test`` only), so under pytest-xdist they run
+beside the stack tiers, on another worker (tests/conftest.py, ``STACK_FREE``).
+
+Alertmanager runs the shipped route, grouping and inhibit rules with its timings scaled down
+(``group_wait`` 30 s -> 5 s, ``group_interval`` 2 min -> 15 s: chain_fixtures.TEST_TIMINGS), so
+that "a later event pages at the next group_interval" takes seconds, not minutes.
 
 Skipped with a message when statsd_exporter (PATH or ``STATSD_EXPORTER``), Prometheus or
 Alertmanager is missing (tests/e2e/chain_fixtures.py).
@@ -48,11 +54,9 @@ from devtools.retention_data import seed_sessions
 from devtools.selections_service import SelectionsService
 from include.pin_maintenance.db import advisory_lock
 from include.pin_maintenance.jobs import activity_retention, snapshot_detach
-from tests.e2e.chain_fixtures import Chain, alert_chain
-from tests.e2e.stack_fixtures import E2EAirflow
+from tests.e2e.chain_fixtures import JOB_METRICS, Chain, alert_chain, assert_panels_have_data
 from tests.integration.slot_expiration_fixtures import insert_slot
 from tests.integration.snapshot_detach_fixtures import insert_entries, insert_entry
-from tests.unit.test_ops_promql import promql_series
 
 __all__ = ["alert_chain"]
 
@@ -250,7 +254,7 @@ def test_each_condition_pages_the_first_time_after_a_fresh_exporter(
     alert_lines = [line for line in output.splitlines() if "PIN_ALERT {" in line]
     assert any("retention_batch_failed" in line for line in alert_lines), output[-3000:]
 
-    got = chain.wait_received(*PROVOKED, timeout=180)  # group_wait 30 s on a loaded machine
+    got = chain.wait_received(*PROVOKED, timeout=180)  # minutes on a loaded machine
     # ... no alert has it: not the task's alert lines, the receiver, or Alertmanager
     leaks = [RAISE_SECRET, *event_ids]
     assert not [x for x in leaks if x in "\n".join(alert_lines)], alert_lines
@@ -321,7 +325,7 @@ def test_one_quarantine_pages_once_and_a_later_one_pages_again(
     selections.script(again.snapshot_id, "not_found")
     done = dags_test(chain, dags_home, job_db, DETACH, selections=selections)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    # a new alert of an existing group pages at the group's next group_interval (2 min)
+    # a new alert of an existing group pages at the group's next group_interval
     second = wait_for(
         lambda: [n for n in notifications_of(chain, event) if again.snapshot_id in json.dumps(n)],
         timeout=240,
@@ -353,6 +357,8 @@ def test_restarts_and_a_healthy_run_page_nothing_but_a_stopped_job_would(
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     for name in LIVENESS_GAUGES:
         chain.wait_series(name)
+    # the run-duration panels, fed by the completed retention run (test 1 has none)
+    assert_panels_have_data(chain, ("activity_retention_run_duration_seconds",))
     before = {name: len(alerts) for name, alerts in chain.received().items()}
     firing_before = set(chain.alert_states(time.time() - 2))
 
@@ -388,46 +394,8 @@ def test_restarts_and_a_healthy_run_page_nothing_but_a_stopped_job_would(
         assert chain.query(expr, at=last + threshold + 60) != [], rule
 
 
-# ------------------------------------------------------------------------------------------ 3
-
-
-def test_scheduler_dagrun_metrics_page_the_retention_error_rate(
-    alert_chain: Chain, chain_airflow: E2EAirflow
-) -> None:
-    chain, e2e = alert_chain, chain_airflow
-    e2e.wait_dag(RETENTION)
-    e2e.set_paused(RETENTION, False)
-    runs = []
-    # two runs with a misspelt key (the API accepts it; the run fails at once, without a
-    # retry, naming the key), then a good one
-    for conf in ({"batch_sise": 100}, {"batch_sise": 100}, {}):
-        run_id = e2e.new_run_id("chain")
-        answer = e2e.trigger_api(RETENTION, conf, run_id)
-        assert answer.status_code in (200, 201), answer.text
-        runs.append(run_id)
-    states = [e2e.wait_run(RETENTION, run_id)["state"] for run_id in runs]
-    assert states == ["failed", "failed", "success"]
-
-    failed = (
-        'airflow_dagrun_duration_seconds_count{dag_id="user_activity_retention",outcome="failed"}'
-    )
-    ok = 'airflow_dagrun_duration_seconds_count{dag_id="user_activity_retention",outcome="success"}'
-    chain.wait_series(f"{failed} == 2", timeout=60)
-    chain.wait_series(f"{ok} == 1", timeout=60)
-    # task_failed joins a group that may exist already: it pages at the next group_interval
-    got = chain.wait_received("ActivityRetentionRunErrorRate", "task_failed", timeout=240)
-    assert got["ActivityRetentionRunErrorRate"][0]["labels"]["dag_id"] == RETENTION
-    # the dashboard's failed-runs panel, on the scheduler's metrics of these runs
-    assert_panels_have_data(chain, SCHEDULER_METRICS)
-
-
-# ------------------------------------------------------------------------------------------ panels
-
-# The series the job code emits (ops/metrics.yml), and Airflow's own dagrun metrics.
-JOB_METRICS = ("news_snapshot_detach_", "calendar_slot_expiration_", "activity_retention_")
-SCHEDULER_METRICS = ("airflow_dagrun_",)
 # Panel targets that test 1's runs do not feed, and why (every other job-metric target must
-# have data after them).
+# have data after them); test 2 checks these on its completed retention run.
 NOT_FED_BY_THE_JOB_RUNS: dict[str, str] = {
     # test 1's retention runs are two lock skips and a failed batch: none completes, so none
     # observes a run duration (measured: the series is never scraped there)
@@ -436,35 +404,3 @@ NOT_FED_BY_THE_JOB_RUNS: dict[str, str] = {
     "sum(rate(activity_retention_run_duration_seconds_sum[1d]))"
     " / sum(rate(activity_retention_run_duration_seconds_count[1d]))": "no completed retention run",
 }
-
-
-def panel_queries() -> list[tuple[str, str]]:
-    dashboard = json.loads((REPO / "ops" / "grafana" / "pin-maintenance.json").read_text())
-    return [
-        (panel["title"], target["expr"])
-        for panel in dashboard["panels"]
-        for target in panel.get("targets", [])
-    ]
-
-
-def assert_panels_have_data(
-    chain: Chain, prefixes: tuple[str, ...], *, not_fed: dict[str, str] | None = None
-) -> None:
-    """Every panel target whose series all start with ``prefixes`` (the metrics of the runs
-    just made, on this chain) evaluates without error and has data, unless ``not_fed`` lists
-    it (by expression) with its reason; its series must have been scraped, too."""
-    not_fed = not_fed or {}
-    produced = {s["metric"]["__name__"] for s in chain.query('{__name__=~".+", job="statsd"}')}
-    checked, empty = 0, []
-    for title, expr in panel_queries():
-        series = promql_series(expr)
-        if not series or not all(name.startswith(prefixes) for name in series):
-            continue
-        result = chain.query(expr.replace("$__rate_interval", "1m"))  # raises on an error
-        if expr in not_fed:
-            continue
-        checked += 1
-        if not result or not series <= produced:
-            empty.append((title, expr, sorted(series - produced)))
-    assert checked, f"no panel target is fed by {prefixes}"
-    assert empty == [], f"panels with no data (title, expr, series never scraped): {empty}"

@@ -2,7 +2,9 @@
 
 Structure always; ``amtool check-config`` when Debian's ``prometheus-alertmanager`` is installed.
 The behaviour with a real Alertmanager (one quarantine, one notification; a second quarantine
-pages again) is proven in tests/e2e/test_alert_chain.py with this file loaded as shipped.
+pages again) is proven in tests/e2e/test_alert_chain.py with this file loaded as shipped, its
+timings scaled down (tests/e2e/chain_fixtures.py, TEST_TIMINGS): the shipped timings are
+checked here.
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ def test_one_receiver_takes_every_alert_grouped_by_name_and_dag() -> None:
     route = config()["route"]
     assert route["receiver"] == "pin-pager"
     assert route["group_by"] == ["alertname", "dag_id"]
+    # a page waits 30 s for the rest of its group; a later event of the group pages at most
+    # 2 min after the last page; an unresolved one is repeated twice a day
+    assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == (
+        "30s",
+        "2m",
+        "12h",
+    )
     assert "routes" not in route  # nothing routed away from the pager
     assert [r["name"] for r in config()["receivers"]] == ["pin-pager"]
 
