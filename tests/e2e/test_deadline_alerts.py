@@ -1,27 +1,32 @@
 """Deadline alerts under the real scheduler (not ``airflow dags test``).
 
-One scenario, in order (about two minutes on 2 loaded cores):
+One stack for the module (:func:`deadline_stack`), two fixture DAGs in its dags folder, one
+scenario each:
 
 1. run 1 of a fixture DAG against a 5 s default deadline (no Variable): exactly one
    ``deadline_missed`` alert reaches the loopback webhook, with the default interval;
-2. the DAG file is edited and re-parsed (a new DAG version) and the Variable
+   the DAG file is edited and re-parsed (a new DAG version) and the Variable
    ``<dag_id>_deadline_seconds`` is set to 40; run 2 is triggered and the file is edited again
    while it runs, re-serialized before run 2's deadline passes (apache/airflow#72471, #68732:
    re-serialization used to drop deadline records): exactly one alert for run 2, with the
    Variable's interval.
+2. a run that fails at once, 60 s before its deadline: the failure pages once (``task_failed``)
+   and the deadline callback, which the scheduler still runs, stays silent. The fixture triggers
+   this run as soon as the stack is up, so its 60 s pass while scenario 1 runs; the test waits
+   for whatever is left.
 
-The fixture's task holds until the test releases its run, which it does only once that run's
-alert has arrived: no run can finish before its deadline, however slow the machine (a sleeping
-task raced the scheduler there). Run 2's 40 s leave the trigger, the task start and the re-parse
-room on a loaded machine; the test still fails if the re-parse did not land before the
-deadline.
+The first fixture's task holds until the test releases its run, which it does only once that
+run's alert has arrived: no run can finish before its deadline, however slow the machine (a
+sleeping task raced the scheduler there). Run 2's 40 s leave the trigger, the task start and the
+re-parse room on a loaded machine; the test still fails if the re-parse did not land before the
+deadline. Each test reads only its own DAG's versions, runs and alerts.
 
 Airflow: :class:`devtools.local_airflow.AirflowStack` (the launcher of ``make up`` and the other
 e2e tests) with api-server, scheduler and dag-processor only, LocalExecutor, the scratch dags
 folder as its ``dags-folder`` bundle, quick re-parsing and the loopback webhook.
-Metadata DB: a database on the session's embedded Postgres (LocalExecutor needs Postgres).
-StatsD goes to a loopback UDP listener, to check the scheduler's ``dagrun.duration`` names that
-ops/statsd/mapping.yml maps.
+Metadata DB: a copy of the session's migrated template on the embedded Postgres (LocalExecutor
+needs Postgres). StatsD goes to a loopback UDP listener, to check the scheduler's
+``dagrun.duration`` names that ops/statsd/mapping.yml maps.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
@@ -71,17 +77,6 @@ def wait_for(probe: Callable[[], T], *, timeout: float, what: str) -> T:
     return _wait_for(probe, timeout=timeout, interval=0.5, what=what, retry_errors=False)
 
 
-@pytest.fixture
-def metadata_db(pg_admin_url: str, airflow_meta_template: str) -> Iterator[pg.Database]:
-    """A copy of the session's migrated metadata DB (the test reads its tables directly)."""
-    name = f"airflow_e2e_deadline_{os.getpid()}"
-    database = pg.create_database(pg_admin_url, name, template=airflow_meta_template, drop=True)
-    try:
-        yield database
-    finally:
-        pg.drop_database(pg_admin_url, name)
-
-
 @contextmanager
 def deadline_airflow(
     tmp_path: Path,
@@ -114,6 +109,58 @@ def deadline_airflow(
         yield stack
 
 
+FAILED_DAG_ID = "pin_fixture_deadline_failed_e2e"
+FAILED_FIXTURE = FIXTURE.parent / "e2e_deadline_failed"
+FAILED_RUN_ID = "e2e_failed_run"
+
+
+@dataclass
+class DeadlineStack:
+    af: AirflowStack
+    url: str  # the metadata DB (the tests read its tables directly)
+    dags: Path  # the stack's dags folder (scenario 1 edits its DAG file there)
+    hook: RecordingWebhook
+    statsd: UdpListener
+
+
+@pytest.fixture(scope="module")
+def deadline_stack(
+    tmp_path_factory: pytest.TempPathFactory, pg_admin_url: str, airflow_meta_template: str
+) -> Iterator[DeadlineStack]:
+    """The module's stack, both fixture DAGs parsed, the failing run already triggered."""
+    tmp = tmp_path_factory.mktemp("deadline")
+    dags = tmp / "dags"
+    for fixture in (FIXTURE, FAILED_FIXTURE):
+        shutil.copytree(fixture, dags, dirs_exist_ok=True)
+    name = f"airflow_e2e_deadline_{os.getpid()}"
+    database = pg.create_database(pg_admin_url, name, template=airflow_meta_template, drop=True)
+    try:
+        with (
+            RecordingWebhook() as hook,
+            UdpListener() as statsd,
+            deadline_airflow(
+                tmp,
+                admin_url=pg_admin_url,
+                database=database,
+                dags=dags,
+                webhook_url=hook.url,
+                extra_env=statsd.airflow_env(),
+            ) as af,
+        ):
+            wait_for(
+                lambda: (
+                    af.check_alive()
+                    or (_versions(database.url, DAG_ID) and _versions(database.url, FAILED_DAG_ID))
+                ),
+                timeout=90,
+                what=f"{DAG_ID} and {FAILED_DAG_ID} parsed\n{af.tail_logs()}",
+            )
+            _cli(af, "dags", "trigger", FAILED_DAG_ID, "--run-id", FAILED_RUN_ID)
+            yield DeadlineStack(af, database.url, dags, hook, statsd)
+    finally:
+        pg.drop_database(pg_admin_url, name)
+
+
 def _cli(af: AirflowStack, *args: str) -> subprocess.CompletedProcess[str]:
     done = af.cli(*args, timeout=120)
     assert done.returncode == 0, f"airflow {' '.join(args)} failed:\n{done.stdout}\n{done.stderr}"
@@ -126,13 +173,13 @@ def _scalar(url: str, sql: str, *params: object) -> object:
     return row[0] if row else None
 
 
-def _run_state(url: str, run_id: str) -> object:
+def _run_state(url: str, run_id: str, dag_id: str = DAG_ID) -> object:
     sql = "select state from dag_run where dag_id = %s and run_id = %s"
-    return _scalar(url, sql, DAG_ID, run_id)
+    return _scalar(url, sql, dag_id, run_id)
 
 
-def _versions(url: str) -> int:
-    return int(_scalar(url, "select count(*) from dag_version where dag_id = %s", DAG_ID) or 0)
+def _versions(url: str, dag_id: str = DAG_ID) -> int:
+    return int(_scalar(url, "select count(*) from dag_version where dag_id = %s", dag_id) or 0)
 
 
 def _edit(dag_file: Path, marker: str) -> None:
@@ -171,8 +218,10 @@ def _interval(alert: dict) -> float:
 
 
 def _report(hook: RecordingWebhook, t0: float) -> None:
-    """Timeline for the record (shown with ``pytest -s``): when each alert arrived."""
+    """Timeline for the record (shown with ``pytest -s``): when each alert of scenario 1 arrived."""
     for alert, at in zip(hook.received, hook.received_at, strict=True):
+        if alert.get("alert") != "deadline_missed" or alert.get("dag_id") != DAG_ID:
+            continue
         deadline = datetime.fromisoformat(alert["details"]["deadline_time"]).timestamp()
         print(
             "E2E_DEADLINE",
@@ -188,51 +237,37 @@ def _report(hook: RecordingWebhook, t0: float) -> None:
 
 
 def test_deadline_fires_once_per_late_run_and_survives_reparse(
-    tmp_path: Path, pg_admin_url: str, metadata_db: pg.Database
+    deadline_stack: DeadlineStack,
 ) -> None:
-    dags = tmp_path / "dags"
-    shutil.copytree(FIXTURE, dags)
+    af, url, dags, hook = (
+        deadline_stack.af,
+        deadline_stack.url,
+        deadline_stack.dags,
+        deadline_stack.hook,
+    )
     dag_file = dags / f"{DAG_ID}.py"
-    url = metadata_db.url
     t0 = time.time()
-    with (
-        RecordingWebhook() as hook,
-        UdpListener() as statsd,
-        deadline_airflow(
-            tmp_path,
-            admin_url=pg_admin_url,
-            database=metadata_db,
-            dags=dags,
-            webhook_url=hook.url,
-            extra_env=statsd.airflow_env(),
-        ) as af,
-    ):
-        wait_for(
-            lambda: af.check_alive() or _versions(url) >= 1,
-            timeout=90,
-            what=f"{DAG_ID} parsed\n{af.tail_logs()}",
-        )
-        _cli(af, "dags", "trigger", DAG_ID, "--run-id", "e2e_run_1")
-        first = _finish(af, url, "e2e_run_1", hook, dags)
+    _cli(af, "dags", "trigger", DAG_ID, "--run-id", "e2e_run_1")
+    first = _finish(af, url, "e2e_run_1", hook, dags)
 
-        _edit(dag_file, "edited-before-run-2")
-        wait_for(lambda: _versions(url) >= 2, timeout=60, what="re-parse after edit")
-        _cli(af, "variables", "set", f"{DAG_ID}_deadline_seconds", str(RUN_2_DEADLINE))
-        _cli(af, "dags", "trigger", DAG_ID, "--run-id", "e2e_run_2")
-        wait_for(lambda: _run_state(url, "e2e_run_2") == "running", timeout=60, what="run 2")
-        _edit(dag_file, "edited-during-run-2")
-        wait_for(lambda: _versions(url) >= 3, timeout=60, what="re-parse during run 2")
-        reparsed_at = _scalar(
-            url, "select max(created_at) from dag_version where dag_id = %s", DAG_ID
-        )
-        second = _finish(af, url, "e2e_run_2", hook, dags)
+    versions = _versions(url)
+    _edit(dag_file, "edited-before-run-2")
+    wait_for(lambda: _versions(url) > versions, timeout=60, what="re-parse after edit")
+    _cli(af, "variables", "set", f"{DAG_ID}_deadline_seconds", str(RUN_2_DEADLINE))
+    _cli(af, "dags", "trigger", DAG_ID, "--run-id", "e2e_run_2")
+    wait_for(lambda: _run_state(url, "e2e_run_2") == "running", timeout=60, what="run 2")
+    versions = _versions(url)
+    _edit(dag_file, "edited-during-run-2")
+    wait_for(lambda: _versions(url) > versions, timeout=60, what="re-parse during run 2")
+    reparsed_at = _scalar(url, "select max(created_at) from dag_version where dag_id = %s", DAG_ID)
+    second = _finish(af, url, "e2e_run_2", hook, dags)
 
-        deadlines = _scalar(
-            url,
-            "select count(*) from deadline d join dag_run r on r.id = d.dagrun_id"
-            " where r.dag_id = %s and d.missed",
-            DAG_ID,
-        )
+    deadlines = _scalar(
+        url,
+        "select count(*) from deadline d join dag_run r on r.id = d.dagrun_id"
+        " where r.dag_id = %s and d.missed",
+        DAG_ID,
+    )
 
     _report(hook, t0)
     assert len(first) == 1, first
@@ -248,21 +283,19 @@ def test_deadline_fires_once_per_late_run_and_survives_reparse(
     lead = datetime.fromisoformat(second[0]["details"]["deadline_time"]) - reparsed_at
     print("E2E_REPARSE", json.dumps({"reparsed_s_before_run_2_deadline": lead.total_seconds()}))
     assert lead.total_seconds() > 0
-    assert len(hook.alerts()) == 2  # nothing else was sent
+    # nothing else was sent for this DAG (the other scenario's DAG pages on the same webhook)
+    assert len([a for a in hook.alerts() if a.get("dag_id") == DAG_ID]) == 2, hook.alerts()
     # the scheduler's own metrics that ops/statsd/mapping.yml maps (airflow.dagrun.duration.*.*)
-    durations = [line for line in statsd.lines if line.startswith("airflow.dagrun.duration.")]
+    lines = deadline_stack.statsd.lines
+    durations = [line for line in lines if line.startswith("airflow.dagrun.duration.")]
     assert any(
         line.startswith(f"airflow.dagrun.duration.success.{DAG_ID}:") and line.endswith("|ms")
         for line in durations
     ), durations
 
 
-FAILED_DAG_ID = "pin_fixture_deadline_failed_e2e"
-FAILED_FIXTURE = FIXTURE.parent / "e2e_deadline_failed"
-
-
 def test_a_run_that_failed_before_its_deadline_pages_task_failed_only(
-    tmp_path: Path, pg_admin_url: str, metadata_db: pg.Database
+    deadline_stack: DeadlineStack,
 ) -> None:
     """Airflow 3.3.2 keeps a failed run's deadline (it prunes them on success only) and the
     scheduler runs the callback once the deadline passes; the callback reads the run's state
@@ -272,66 +305,42 @@ def test_a_run_that_failed_before_its_deadline_pages_task_failed_only(
         SECRET,
     )
 
-    dags = tmp_path / "dags"
-    shutil.copytree(FAILED_FIXTURE, dags)
-    url = metadata_db.url
-    run_id = "e2e_failed_run"
-    with (
-        RecordingWebhook() as hook,
-        deadline_airflow(
-            tmp_path,
-            admin_url=pg_admin_url,
-            database=metadata_db,
-            dags=dags,
-            webhook_url=hook.url,
-            extra_env={},
-        ) as af,
-    ):
-        wait_for(
-            lambda: (
-                af.check_alive()
-                or _scalar(url, "select count(*) from dag_version where dag_id = %s", FAILED_DAG_ID)
-            ),
-            timeout=90,
-            what=f"{FAILED_DAG_ID} parsed\n{af.tail_logs()}",
-        )
-        _cli(af, "dags", "trigger", FAILED_DAG_ID, "--run-id", run_id)
-        state_sql = "select state from dag_run where dag_id = %s and run_id = %s"
-        wait_for(
-            lambda: af.check_alive() or _scalar(url, state_sql, FAILED_DAG_ID, run_id) == "failed",
-            timeout=90,
-            what=f"{run_id} to fail\n{af.tail_logs()}",
-        )
-        ended_before = _scalar(
-            url,
-            "select r.end_date < d.deadline_time from deadline d join dag_run r"
-            " on r.id = d.dagrun_id where r.dag_id = %s and r.run_id = %s",
-            FAILED_DAG_ID,
-            run_id,
-        )
-        # the scheduler handles the deadline as missed and the callback runs to its end
-        callback_sql = (
-            "select c.state from deadline d join dag_run r on r.id = d.dagrun_id"
-            " join callback c on c.id = d.callback_id"
-            " where r.dag_id = %s and r.run_id = %s and d.missed"
-        )
+    af, url, hook = deadline_stack.af, deadline_stack.url, deadline_stack.hook
+    run_id = FAILED_RUN_ID  # triggered by the fixture as soon as the stack was up
+    wait_for(
+        lambda: af.check_alive() or _run_state(url, run_id, FAILED_DAG_ID) == "failed",
+        timeout=90,
+        what=f"{run_id} to fail\n{af.tail_logs()}",
+    )
+    ended_before = _scalar(
+        url,
+        "select r.end_date < d.deadline_time from deadline d join dag_run r"
+        " on r.id = d.dagrun_id where r.dag_id = %s and r.run_id = %s",
+        FAILED_DAG_ID,
+        run_id,
+    )
+    # the scheduler handles the deadline as missed and the callback runs to its end
+    callback_sql = (
+        "select c.state from deadline d join dag_run r on r.id = d.dagrun_id"
+        " join callback c on c.id = d.callback_id"
+        " where r.dag_id = %s and r.run_id = %s and d.missed"
+    )
 
-        def callback_done() -> object:
-            af.check_alive()
-            state = _scalar(url, callback_sql, FAILED_DAG_ID, run_id)
-            return state if state in ("success", "failed") else None
+    def callback_done() -> object:
+        af.check_alive()
+        state = _scalar(url, callback_sql, FAILED_DAG_ID, run_id)
+        return state if state in ("success", "failed") else None
 
-        callback_state = wait_for(
-            callback_done,
-            timeout=DEADLINE_SECONDS + 90,
-            what=f"the deadline callback of {run_id}\n{af.tail_logs()}",
-        )
-        time.sleep(3)  # a webhook POST the callback made would have arrived by now
-        received = list(hook.alerts())
+    callback_state = wait_for(
+        callback_done,
+        timeout=DEADLINE_SECONDS + 90,
+        what=f"the deadline callback of {run_id}\n{af.tail_logs()}",
+    )
+    time.sleep(3)  # a webhook POST the callback made would have arrived by now
+    received = [a for a in hook.alerts() if a.get("run_id") == run_id]
 
     print("E2E_FAILED_RUN", json.dumps({"callback_state": callback_state, "alerts": received}))
     assert ended_before is True, "the run did not end before its deadline (machine too slow?)"
     assert callback_state == "success"
     assert [a["alert"] for a in received] == ["task_failed"], received
-    assert received[0]["run_id"] == run_id
-    assert SECRET not in json.dumps(received)
+    assert SECRET not in json.dumps(hook.alerts())
