@@ -421,6 +421,14 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 256
     service: SelectionsService
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that gave up on its call (its timeout, a cancelled run) closed the
+        connection before the answer: expected here, as in any real service, so not printed.
+        Anything else is printed as the standard library does."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: clients reuse connections
