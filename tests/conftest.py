@@ -84,7 +84,7 @@ STACK_GROUP = "airflow-stacks"
 STACK_FREE = frozenset({"tests/e2e/test_alert_chain.py"})
 # The fixtures that start a stack: a STACK_FREE test that asks for one is a usage error.
 STACK_FIXTURES = frozenset(
-    {"airflow_e2e", "bundle_e2e", "chain_airflow", "airflow_celery", "ui_airflow"}
+    {"airflow_e2e", "bundle_e2e", "chain_airflow", "airflow_celery", "ui_airflow", "deadline_stack"}
 )
 
 
