@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import os
-import socket
+import re
 import statistics
 import subprocess
 import sys
@@ -387,39 +387,41 @@ class Service:
                 self.proc.wait(10)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# the line devtools/selections_service.py prints once it is bound (here to port 0: no port is
+# picked and released first, so no other process can take it in between)
+_LISTENING = re.compile(rb"selections service listening on (http://127\.0\.0\.1:\d+)")
 
 
 def start_selections(latency_ms: float, log_file: Path, *extra: str) -> Service:
-    """``devtools/selections_service.py`` (stdlib HTTP server) on a free loopback port;
-    ``extra``: more of its command-line options (e.g. an admission limit)."""
-    port = _free_port()
+    """``devtools/selections_service.py`` (stdlib HTTP server) on a loopback port it binds
+    itself; ``extra``: more of its command-line options (e.g. an admission limit)."""
     cmd = [
         sys.executable,
         "-m",
         "devtools.selections_service",
         "--port",
-        str(port),
+        "0",
         "--latency-ms",
         f"{latency_ms:g}",
         *extra,
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with open(log_file, "ab") as sink:
+        offset = sink.tell()  # the log is shared by the services of one bench
         proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise BenchError(f"selections service exited with {proc.returncode}; see {log_file}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return Service(url, proc)
+        with open(log_file, "rb") as log_text:
+            log_text.seek(offset)
+            listening = _LISTENING.search(log_text.read())
+        if listening:
+            return Service(listening.group(1).decode(), proc)
         time.sleep(0.05)
-    Service(url, proc).stop()
-    raise BenchError(f"selections service did not listen on {url}; see {log_file}")
+    proc.kill()
+    proc.wait(10)
+    raise BenchError(f"selections service did not start listening; see {log_file}")
 
 
 # ---------------------------------------------------------------------------------------------
