@@ -84,7 +84,6 @@ def bundle_e2e(  # noqa: PLR0917 (pytest fixtures)
         tmp_path_factory.mktemp("e2e-git-bundle"),
         meta_admin_url=pg_admin_url,
         job_server=e2e_job_server,
-        job_admin_url=e2e_job_server.admin_url,
         selections=e2e_selections,
         scheduled_runs=False,
         name="gitbundle",

@@ -65,7 +65,6 @@ def airflow_celery(
         tmp,
         meta_admin_url=pg_admin_url,
         job_server=e2e_job_server,
-        job_admin_url=e2e_job_server.admin_url,
         selections=e2e_selections,
         executor="CeleryExecutor",
         redis_server=redis,

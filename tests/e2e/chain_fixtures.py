@@ -417,7 +417,6 @@ def chain_airflow(  # noqa: PLR0917 (pytest fixtures)
         tmp_path_factory.mktemp("e2e-chain"),
         meta_admin_url=pg_admin_url,
         job_server=e2e_job_server,
-        job_admin_url=e2e_job_server.admin_url,
         selections=e2e_selections,
         scheduled_runs=False,
         name="chain",

@@ -307,8 +307,7 @@ def e2e_stack(
     tmp: Path,
     *,
     meta_admin_url: str,
-    job_server: JobServer | None,
-    job_admin_url: str,
+    job_server: JobServer,
     selections: SelectionsService | None = None,
     executor: str = "LocalExecutor",
     redis_server: str | None = None,
@@ -329,7 +328,7 @@ def e2e_stack(
         home=tmp / "airflow-home",
         run_dir=tmp / "run",
         admin_url=meta_admin_url,
-        job_admin_url=job_admin_url,
+        job_admin_url=job_server.admin_url,
         meta_db=meta_db,
         job_db=job_db,
         port=free_port(),
@@ -408,7 +407,6 @@ def airflow_e2e(
         tmp_path_factory.mktemp("e2e-local"),
         meta_admin_url=pg_admin_url,
         job_server=e2e_job_server,
-        job_admin_url=e2e_job_server.admin_url,
         selections=e2e_selections,
     )
     with running_e2e(e2e, meta_template=airflow_meta_template, what="the scheduled stack"):
