@@ -289,18 +289,18 @@ def test_a_second_run_while_the_first_holds_the_lock_skips(db, service):
     assert all(r.status == "Done" and r.attempts == 1 for r in rows(db).values())
 
 
-def test_two_concurrent_runs_with_the_lock_call_each_snapshot_once(db, service):
-    """Started together under the same lock: one skips or runs after the other (then it finds
-    nothing due), never both at once; each snapshot is called once."""
+def _two_concurrent_runs(db, service, lock_names: list[str]) -> list:
+    """Two runs started together on 120 due rows, one per lock name; every snapshot must be
+    called exactly once and every row end Done after one attempt. Returns both results."""
     service.latency_ms = 5
     entries = insert_entries(db, 120)
     cfg = config(batch_size=10, detach_concurrency=4)
     results = []
 
-    def worker() -> None:
-        results.append(run_job(db, service, cfg=cfg, lock_name=LOCK_NAME))
+    def worker(lock_name: str) -> None:
+        results.append(run_job(db, service, cfg=cfg, lock_name=lock_name))
 
-    threads = [threading.Thread(target=worker) for _ in range(2)]
+    threads = [threading.Thread(target=worker, args=(name,)) for name in lock_names]
     for t in threads:
         t.start()
     for t in threads:
@@ -310,6 +310,14 @@ def test_two_concurrent_runs_with_the_lock_call_each_snapshot_once(db, service):
     assert {e.snapshot_id for e in entries} == set(counts)
     assert set(counts.values()) == {1}
     assert all(r.status == "Done" and r.attempts == 1 for r in rows(db).values())
+    assert len(results) == len(lock_names)
+    return results
+
+
+def test_two_concurrent_runs_with_the_lock_call_each_snapshot_once(db, service):
+    """Started together under the same lock: one skips or runs after the other (then it finds
+    nothing due), never both at once; each snapshot is called once."""
+    results = _two_concurrent_runs(db, service, [LOCK_NAME, LOCK_NAME])
     # one run did every row; the other skipped on the lock or came after and found none due
     assert sorted(r.succeeded for r in results) == [0, 120]
     idle = next(r for r in results if r.succeeded == 0)
@@ -319,24 +327,7 @@ def test_two_concurrent_runs_with_the_lock_call_each_snapshot_once(db, service):
 def test_two_concurrent_runs_without_the_lock_split_the_rows(db, service):
     """The lock bypassed (each run its own lock name): SKIP LOCKED alone splits the rows, and
     each snapshot is still called once."""
-    service.latency_ms = 5
-    entries = insert_entries(db, 120)
-    cfg = config(batch_size=10, detach_concurrency=4)
-    results = []
-
-    def worker(index: int) -> None:
-        results.append(run_job(db, service, cfg=cfg, lock_name=f"{LOCK_NAME}:test-{index}"))
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-
-    counts = service.call_counts()
-    assert {e.snapshot_id for e in entries} == set(counts)
-    assert set(counts.values()) == {1}
-    assert all(r.status == "Done" and r.attempts == 1 for r in rows(db).values())
+    results = _two_concurrent_runs(db, service, [f"{LOCK_NAME}:test-{i}" for i in range(2)])
     assert sum(r.succeeded for r in results) == 120
     assert all(r.lock_acquired for r in results)
 
