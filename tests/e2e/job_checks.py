@@ -79,6 +79,9 @@ def scenario(e2e: E2EAirflow, dag_id: str, body: Callable[[], None]) -> None:
 
 def trigger(e2e: E2EAirflow, dag_id: str, conf: dict, via: str) -> str:
     """Trigger through ``via`` ("cli" or "api"); return the run id once it succeeded."""
+    dag = e2e.api.get(f"/dags/{dag_id}").json()
+    # a paused DAG's manual run stays queued: fail now, not after wait_run's timeout
+    assert not dag.get("is_paused"), f"{dag_id} is paused (quiet_window unpauses it)"
     run_id = e2e.new_run_id(via)
     if via == "cli":
         done = e2e.trigger_cli(dag_id, conf, run_id)

@@ -69,6 +69,7 @@ def test_a_late_run_raises_its_deadline_alert(bundle_e2e: E2EAirflow) -> None:
     """A retention run takes longer than its 1 s deadline Variable: the installed plugin's
     reference and callback, with no bundle code on the scheduler's path, page through the
     webhook."""
+    jc.quiet_window(bundle_e2e, LATE_DAG)  # parsed and unpaused: no earlier test does it for us
     late = jc.trigger(bundle_e2e, LATE_DAG, {"dry_run": True}, "api")
     log = bundle_e2e.stack.webhook_log
 
