@@ -67,11 +67,17 @@ def airflow_env(
     return env
 
 
+def airflow_cli(*args: str) -> list[str]:
+    """The venv's ``airflow`` CLI as the tests and tools run it: the console script's ``main``,
+    without the interpreter's last garbage collection (devtools/airflow_cli.py)."""
+    return [str(VENV_BIN / "python"), str(REPO / "devtools" / "airflow_cli.py"), *args]
+
+
 def airflow(args: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess[str]:
     """Run the venv's ``airflow`` CLI with ``env``; output captured as text."""
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
-    return subprocess.run([str(VENV_BIN / "airflow"), *args], env=env, check=False, **kwargs)
+    return subprocess.run(airflow_cli(*args), env=env, check=False, **kwargs)
 
 
 def migrate(env: dict[str, str]) -> None:

@@ -52,7 +52,7 @@ from typing import TypeVar
 import psycopg
 
 from devtools import pg
-from devtools.airflow_env import REPO, VENV_BIN, airflow_env
+from devtools.airflow_env import REPO, VENV_BIN, airflow_cli, airflow_env
 
 LOCAL = REPO / ".local"
 PID_FILE = LOCAL / "local-airflow.json"
@@ -585,7 +585,7 @@ class AirflowStack:
 
     def migrate(self) -> None:
         done = subprocess.run(
-            self.airflow_cmd("db", "migrate"),
+            airflow_cli("db", "migrate"),
             env=self.env(),
             capture_output=True,
             text=True,
@@ -690,8 +690,9 @@ class AirflowStack:
             return json.load(r)["access_token"]
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        """One ``airflow`` CLI command against this stack (devtools.airflow_env.airflow_cli)."""
         return subprocess.run(
-            self.airflow_cmd(*args),
+            airflow_cli(*args),
             env=self.env(),
             capture_output=True,
             text=True,
