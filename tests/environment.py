@@ -9,7 +9,9 @@ dev-only part skips there with one line that names the part; nothing else change
 from __future__ import annotations
 
 import os
+import shutil
 from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,16 @@ from devtools import pg
 DEV_REQUIREMENTS = "requirements-dev.txt"
 # CI sets it (.ci/run): every skip not in tests/conftest.py's ALLOWED_SKIPS fails the run
 REQUIRE_ALL_ENV = "PIN_REQUIRE_ALL"
+# the tests' cluster policy: a short retry_delay (tests/airflow_config/airflow_local_settings.py)
+TEST_AIRFLOW_CONFIG = Path(__file__).resolve().parent / "airflow_config"
+
+
+def install_test_policy(home: Path) -> None:
+    """Put the test-only ``airflow_local_settings.py`` into ``<home>/config`` (on Airflow's
+    path): every Airflow process of that home retries a failed task after 2 s, not 30."""
+    config = home / "config"
+    config.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(TEST_AIRFLOW_CONFIG / "airflow_local_settings.py", config)
 
 
 def require_all() -> bool:

@@ -3,7 +3,8 @@
 ``run_dag`` runs ``airflow dags test <dag_id>`` in a subprocess, exactly as docs/design.md,
 "Running a DAG the standard way" describes (``AIRFLOW_CONN_*`` for the connections,
 ``AIRFLOW_VAR_*`` for Variables), against the test's own database. The metadata DB is SQLite in
-a per-session temp dir (migrated once, ~3 s).
+a per-session temp dir (migrated once, ~3 s), with the tests' cluster policy
+(tests/airflow_config: a failed task is retried after 2 s, not the DAGs' 30 s).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import pytest
 
 from devtools import airflow_env as ae
 from devtools.pg import Database
+from tests.environment import install_test_policy
 
 
 @pytest.fixture(scope="session")
 def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("airflow-home")
+    install_test_policy(home)
     ae.migrate(ae.airflow_env(home, job_db_url="postgresql:///unused"))
     return home
 

@@ -67,7 +67,7 @@ def test_every_task_has_a_docstring_timeout_and_bounded_retries(dagbag, dag_id):
         assert task.doc_md or task.doc, f"{dag_id}.{task.task_id} has no docstring"
         assert isinstance(task.execution_timeout, timedelta), f"{task.task_id} no timeout"
         assert task.retries <= 2, f"{task.task_id}: Airflow retries are for infrastructure only"
-        # the shipped delay; only the e2e stacks shorten it (tests/e2e/airflow_config)
+        # the shipped delay; only the tests' Airflow homes shorten it (tests/airflow_config)
         assert task.retry_delay == timedelta(seconds=30), f"{task.task_id}: {task.retry_delay}"
 
 

@@ -12,14 +12,13 @@ of one migrated template (``airflow_meta_template`` of tests/conftest.py, ``CREA
 TEMPLATE``, instead of an ``airflow db migrate`` per stack), and its teardown is ``make down``'s
 (:func:`devtools.local_airflow.cmd_down` on the stack's pid file), which must leave no process
 of that Airflow behind, or the teardown fails. Every stack also gets the test-only cluster
-policy of ``tests/e2e/airflow_config`` (a short ``retry_delay``; the DAGs keep 30 s).
+policy of ``tests/airflow_config`` (a short ``retry_delay``; the DAGs keep 30 s).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,10 +35,10 @@ from devtools import pg
 from devtools.local_airflow import AirflowStack, cmd_down, free_port, group_members, wait_for
 from devtools.selections_service import SelectionsService
 from tests.e2e.probe import STATE_DIR_ENV, read_events
+from tests.environment import install_test_policy
 
 E2E_DAGS = Path(__file__).resolve().parent / "dags"
 # airflow_local_settings.py with the test-only task policy, copied to $AIRFLOW_HOME/config
-E2E_AIRFLOW_CONFIG = Path(__file__).resolve().parent / "airflow_config"
 TERMINAL = frozenset({"success", "failed"})
 # generous: the machine is shared and Airflow's processes compete for two cores
 RUN_TIMEOUT = float(os.environ.get("PIN_E2E_RUN_TIMEOUT", "300"))
@@ -234,13 +233,6 @@ class E2EAirflow:
 
     def new_run_id(self, prefix: str) -> str:
         return f"{prefix}__{uuid.uuid4().hex[:10]}"
-
-
-def install_test_policy(home: Path) -> None:
-    """Put the e2e-only ``airflow_local_settings.py`` into ``<home>/config`` (on Airflow's path)."""
-    config = home / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(E2E_AIRFLOW_CONFIG / "airflow_local_settings.py", config)
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """Faults under the scheduler: the jobs' Postgres restarts in the middle of a run.
 
 On the git-bundle stack (``bundle_e2e``: manual runs only, so no scheduled tick lands inside a
-fault run); its task policy (tests/e2e/airflow_config) retries after 2 s instead of 30.
+fault run); its task policy (tests/airflow_config) retries after 2 s instead of 30.
 
 The job tables live on their own embedded server (``e2e_job_server``), so ``pg_ctl restart -m
 fast`` ends every job session mid-batch while Airflow's metadata DB stays up. Expected: the

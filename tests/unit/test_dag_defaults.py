@@ -1,8 +1,8 @@
 """The defaults every shipped DAG starts from (include/pin_airflow/dag_support.py).
 
-The e2e stacks shorten ``retry_delay`` with a test-only cluster policy
-(``tests/e2e/airflow_config/airflow_local_settings.py``); the product keeps 30 s, and the DAG
-tier checks every parsed task too (``tests/dags/test_dag_policy.py``).
+The tests' Airflow homes (the e2e stacks, the DAG tier) shorten ``retry_delay`` with a
+test-only cluster policy (``tests/airflow_config/airflow_local_settings.py``); the product
+keeps 30 s, and the DAG tier checks every parsed task too (``tests/dags/test_dag_policy.py``).
 """
 
 from __future__ import annotations
@@ -27,4 +27,4 @@ def test_the_e2e_policy_is_test_only():
     found = [p for d in shipped for p in d.rglob("airflow_local_settings.py")]
     found += list(repo.glob("airflow_local_settings.py"))
     assert found == []
-    assert (repo / "tests" / "e2e" / "airflow_config" / "airflow_local_settings.py").is_file()
+    assert (repo / "tests" / "airflow_config" / "airflow_local_settings.py").is_file()
