@@ -10,8 +10,8 @@ memory the operating system takes back a moment later anyway.
 
 Why: ``airflow dags test`` builds the in-process Execution API (cadwyn's versioned routes, tens
 of thousands of objects), and collecting them at exit takes 2 to 3 s of CPU, about a fifth of
-the process (sampled with py-spy: docs/benchmarks.md, "make test's CPU"). The suite runs about
-70 of them on two cores. Airflow's own task processes skip that step the same way (they end
+the process (sampled with py-spy; README, "Tests"). The suite runs about
+50 of them on two cores. Airflow's own task processes skip that step the same way (they end
 with ``os._exit``).
 
 Run as a file, not with ``-m``: the git-bundle stack has no checkout on its ``PYTHONPATH``.
