@@ -10,7 +10,7 @@ memory the operating system takes back a moment later anyway.
 
 Why: ``airflow dags test`` builds the in-process Execution API (cadwyn's versioned routes, tens
 of thousands of objects), and collecting them at exit takes 2 to 3 s of CPU, about a fifth of
-the process (sampled with py-spy; README, "Tests"). The suite runs about
+the process (sampled with py-spy; README, "Layout", on make test). The suite runs about
 50 of them on two cores. Airflow's own task processes skip that step the same way (they end
 with ``os._exit``).
 
