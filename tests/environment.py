@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools import airflow_env as ae
 from devtools import pg
 
 DEV_REQUIREMENTS = "requirements-dev.txt"
@@ -30,6 +31,13 @@ def install_test_policy(home: Path) -> None:
     config = home / "config"
     config.mkdir(parents=True, exist_ok=True)
     shutil.copy2(TEST_AIRFLOW_CONFIG / "airflow_local_settings.py", config)
+
+
+def migrated_airflow_home(home: Path) -> Path:
+    """``home`` as an ``airflow dags test`` home: the tests' policy, a migrated SQLite DB."""
+    install_test_policy(home)
+    ae.migrate(ae.airflow_env(home, job_db_url="postgresql:///unused"))
+    return home
 
 
 def require_all() -> bool:

@@ -18,15 +18,12 @@ import pytest
 
 from devtools import airflow_env as ae
 from devtools.pg import Database
-from tests.environment import install_test_policy
+from tests.environment import migrated_airflow_home
 
 
 @pytest.fixture(scope="session")
 def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("airflow-home")
-    install_test_policy(home)
-    ae.migrate(ae.airflow_env(home, job_db_url="postgresql:///unused"))
-    return home
+    return migrated_airflow_home(tmp_path_factory.mktemp("airflow-home"))
 
 
 RunDag = Callable[..., subprocess.CompletedProcess[str]]

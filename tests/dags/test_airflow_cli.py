@@ -19,7 +19,7 @@ from devtools import airflow_env as ae
 
 pytestmark = pytest.mark.slow
 
-# the log lines' timestamps and process-specific paths differ from run to run
+# the log lines' timestamps differ from run to run
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z")
 
 

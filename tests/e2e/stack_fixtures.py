@@ -38,7 +38,6 @@ from tests.e2e.probe import STATE_DIR_ENV, read_events
 from tests.environment import install_test_policy
 
 E2E_DAGS = Path(__file__).resolve().parent / "dags"
-# airflow_local_settings.py with the test-only task policy, copied to $AIRFLOW_HOME/config
 TERMINAL = frozenset({"success", "failed"})
 # generous: the machine is shared and Airflow's processes compete for two cores
 RUN_TIMEOUT = float(os.environ.get("PIN_E2E_RUN_TIMEOUT", "300"))

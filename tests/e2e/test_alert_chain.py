@@ -55,7 +55,7 @@ from devtools.selections_service import SelectionsService
 from include.pin_maintenance.db import advisory_lock
 from include.pin_maintenance.jobs import activity_retention, snapshot_detach
 from tests.e2e.chain_fixtures import JOB_METRICS, Chain, alert_chain, assert_panels_have_data
-from tests.environment import install_test_policy
+from tests.environment import migrated_airflow_home
 from tests.integration.slot_expiration_fixtures import insert_slot
 from tests.integration.snapshot_detach_fixtures import insert_entries, insert_entry
 
@@ -101,10 +101,8 @@ RAISE_SECRET = "chain-raise-secret-51d0"
 
 @pytest.fixture(scope="module")
 def dags_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    home = tmp_path_factory.mktemp("chain-airflow-home")
-    install_test_policy(home)  # the failed retention batch's retry after 2 s, not 30
-    ae.migrate(ae.airflow_env(home, job_db_url="postgresql:///unused"))
-    return home
+    # with the tests' policy: the failed retention batch is retried after 2 s, not 30
+    return migrated_airflow_home(tmp_path_factory.mktemp("chain-airflow-home"))
 
 
 @pytest.fixture(scope="module")
