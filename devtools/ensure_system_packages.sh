@@ -13,13 +13,16 @@
 # policy-rc.d allows it) is stopped and disabled again right after the install.
 set -uo pipefail
 
-missing=()
-commands=()
-for arg in "$@"; do
-  pkg=${arg%%:*}
-  cmd=${arg#*:}
-  command -v "$cmd" >/dev/null 2>&1 || { missing+=("$pkg"); commands+=("$cmd"); }
-done
+find_missing() {
+  missing=()
+  commands=()
+  for arg in "$@"; do
+    pkg=${arg%%:*}
+    cmd=${arg#*:}
+    command -v "$cmd" >/dev/null 2>&1 || { missing+=("$pkg"); commands+=("$cmd"); }
+  done
+}
+find_missing "$@"
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -31,14 +34,26 @@ if ! command -v apt-get >/dev/null 2>&1; then
   exit 1
 fi
 
+# One install at a time: the suites ask for their packages from parallel pytest workers, and a
+# second apt-get fails at once on dpkg's lock (seen on a fresh machine: promtool skipped while
+# Alertmanager installed). Then look again: the other install may have brought the command.
+LOG=/tmp/ensure_system_packages.log
+exec 9>/tmp/ensure_system_packages.lock
+flock -w 900 9 || { echo "ensure_system_packages: another install held the lock for 900 s" >&2; exit 1; }
+find_missing "$@"
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "== $(date -u +%FT%TZ) installing ${missing[*]}" >>"$LOG"
+
 export DEBIAN_FRONTEND=noninteractive
 apt_install() {
-  timeout 600 apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+  # DPkg::Lock::Timeout: wait for an apt run outside this script rather than fail
+  timeout 600 apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 \
+    "${missing[@]}" </dev/null
 }
-if ! apt_install >/tmp/ensure_system_packages.log 2>&1; then
-  timeout 600 apt-get update -q >>/tmp/ensure_system_packages.log 2>&1
-  if ! apt_install >>/tmp/ensure_system_packages.log 2>&1; then
-    echo "ensure_system_packages: apt-get install ${missing[*]} failed (see /tmp/ensure_system_packages.log)" >&2
+if ! apt_install >>"$LOG" 2>&1; then
+  timeout 600 apt-get update -q -o DPkg::Lock::Timeout=300 >>"$LOG" 2>&1
+  if ! apt_install >>"$LOG" 2>&1; then
+    echo "ensure_system_packages: apt-get install ${missing[*]} failed (see $LOG)" >&2
     exit 1
   fi
 fi
@@ -49,9 +64,9 @@ for pkg in "${missing[@]}"; do
   while read -r unit; do
     name=$(basename "$unit"); name=${name%.service}
     if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-      systemctl disable --now "$name" >>/tmp/ensure_system_packages.log 2>&1 || true
+      systemctl disable --now "$name" >>"$LOG" 2>&1 || true
     elif [ -x "/etc/init.d/$name" ]; then
-      "/etc/init.d/$name" stop >>/tmp/ensure_system_packages.log 2>&1 || true
+      "/etc/init.d/$name" stop >>"$LOG" 2>&1 || true
     fi
   done < <(dpkg -L "$pkg" 2>/dev/null | grep -E '^/etc/init\.d/[^/]+$|^/(usr/)?lib/systemd/system/[^/]+\.service$' | sort -u)
 done
