@@ -624,13 +624,16 @@ def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path
         stderr=job_log,
     )
     try:
-        # three loops: one blocks inside batch 3, the other two delete and commit the rest
+        # three loops: one blocks inside batch 3, the other two delete and commit the rest.
+        # Both halves are waited for: a loop's connection is also idle before its first batch
+        # and between batches, so the backends alone can match while batches are still to come.
         _wait_for(
-            lambda: _job_backends(db) == {"waiting": 1, "idle in transaction": 1, "idle": 2},
-            "one loop blocked inside batch 3 and the others done",
+            lambda: (
+                _job_backends(db) == {"waiting": 1, "idle in transaction": 1, "idle": 2}
+                and existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 15))
+            ),
+            "one loop blocked inside batch 3 and every other batch committed",
         )
-        # every other batch is committed; batch 3 is half-way through its delete
-        assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 15))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
