@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from devtools import airflow_forkserver
 from devtools.pg import airflow_conn_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -74,7 +75,13 @@ def airflow_cli(*args: str) -> list[str]:
 
 
 def airflow(args: list[str], env: dict[str, str], **kwargs) -> subprocess.CompletedProcess[str]:
-    """Run the venv's ``airflow`` CLI with ``env``; output captured as text."""
+    """Run the venv's ``airflow`` CLI with ``env``; output captured as text.
+
+    Forked from a warm interpreter (devtools/airflow_forkserver.py) unless ``kwargs`` asks for
+    more of :func:`subprocess.run` than a timeout, or ``PIN_AIRFLOW_FORKSERVER=0`` is set.
+    """
+    if set(kwargs) <= {"timeout"} and os.environ.get("PIN_AIRFLOW_FORKSERVER") != "0":
+        return airflow_forkserver.run(airflow_cli(*args), list(args), env, **kwargs)
     kwargs.setdefault("capture_output", True)
     kwargs.setdefault("text", True)
     return subprocess.run(airflow_cli(*args), env=env, check=False, **kwargs)

@@ -51,8 +51,8 @@ from typing import TypeVar
 
 import psycopg
 
-from devtools import pg
-from devtools.airflow_env import REPO, VENV_BIN, airflow_cli, airflow_env
+from devtools import airflow_forkserver, pg
+from devtools.airflow_env import REPO, VENV_BIN, airflow, airflow_cli, airflow_env
 
 LOCAL = REPO / ".local"
 PID_FILE = LOCAL / "local-airflow.json"
@@ -671,6 +671,7 @@ class AirflowStack:
 
     def stop(self) -> list[str]:
         killed = stop_groups(list(reversed(self.procs)))
+        airflow_forkserver.close(home=self.home)  # the CLI's warm interpreters (cli below)
         if self.pid_file.exists():
             self.pid_file.unlink()
         return killed
@@ -690,15 +691,8 @@ class AirflowStack:
             return json.load(r)["access_token"]
 
     def cli(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        """One ``airflow`` CLI command against this stack (devtools.airflow_env.airflow_cli)."""
-        return subprocess.run(
-            airflow_cli(*args),
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=timeout,
-        )
+        """One ``airflow`` CLI command against this stack (devtools.airflow_env.airflow)."""
+        return airflow(list(args), self.env(), timeout=timeout)
 
 
 def _plain_env() -> dict[str, str]:

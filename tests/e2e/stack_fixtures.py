@@ -31,7 +31,7 @@ import httpx
 import psycopg
 import pytest
 
-from devtools import pg
+from devtools import airflow_forkserver, pg
 from devtools.local_airflow import AirflowStack, cmd_down, free_port, group_members, wait_for
 from devtools.selections_service import SelectionsService
 from tests.e2e.probe import STATE_DIR_ENV, read_events
@@ -265,6 +265,8 @@ def stop_like_make_down(stack: AirflowStack) -> list[str]:
     """Stop ``stack`` with ``make down``'s code path; return what is wrong afterwards."""
     problems = []
     groups = [p.pgid for p in stack.procs]
+    # the tests' own warm CLI interpreters for this home (AirflowStack.cli), not the stack's
+    airflow_forkserver.close(home=stack.home)
     if not stack.pid_file.exists():
         problems.append(f"no pid file {stack.pid_file} for make down to read")
         stack.stop()

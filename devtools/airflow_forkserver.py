@@ -1,0 +1,271 @@
+"""``airflow`` CLI runs forked from an interpreter that has already imported Airflow.
+
+Each ``airflow dags test`` the suite runs spends most of its CPU before and around the DAG:
+importing Airflow, its providers and FastAPI (about 3 s on a loaded core), and building the
+in-process Execution API (cadwyn's versioned routes, about 1.5 s the first time in a process).
+The suite runs about 60 of them on two cores. A fork server pays that once: this file, run as
+``python devtools/airflow_forkserver.py``, imports and warms those modules, then for each
+request forks a child that takes the request's environment, working directory, stdin, stdout
+and stderr, and becomes the ``airflow`` console script (``airflow.__main__.main`` with the
+request's argv) through the interpreter's normal exit: threads joined, exit handlers run
+(logging's flush, OpenTelemetry's shutdown), then devtools/airflow_cli.py's ``gc.freeze``.
+Forking a warm interpreter is how Airflow runs its own task processes (LocalExecutor and the
+Celery worker fork a parent that imported Airflow); nothing of the DAG, the job package or a
+connection exists before the fork, so every run parses its DAG file and reads its
+``AIRFLOW_CONN_*`` / ``AIRFLOW_VAR_*`` fresh.
+
+What a warm interpreter has fixed is the configuration Airflow read at import. So a server
+serves only environments equal to its own except for the variables Airflow reads when they are
+used (:data:`LIVE_PREFIXES`): :func:`run` keeps one server per such environment.
+
+Protocol (one request at a time, JSON lines on the server's stdin and stdout): the client sends
+``{"argv", "env", "cwd", "stdin", "stdout", "stderr"}`` (the last three are file paths), the
+server answers ``{"pid"}`` once the child exists and ``{"pid", "returncode"}`` when it ends
+(negative: killed by that signal, as :mod:`subprocess` reports it). The server ends when its
+stdin closes (its client, a pytest worker or a tool, is gone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import json
+import locale
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Variables Airflow reads when they are used (the environment secrets backend looks up
+# connections and Variables per call), and the one pytest rewrites per test: a child may differ
+# from its server in these. Any other difference needs its own server.
+LIVE_PREFIXES = ("AIRFLOW_CONN_", "AIRFLOW_VAR_", "PYTEST_CURRENT_TEST")
+
+
+def server_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The part of ``env`` a server's imports depend on."""
+    return tuple(sorted((k, v) for k, v in env.items() if not k.startswith(LIVE_PREFIXES)))
+
+
+def _warm() -> None:
+    """Import what every ``airflow dags test`` imports before it runs its first task."""
+    import airflow.__main__  # noqa: F401 (settings, configuration, logging)
+    from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
+    from airflow.cli import cli_parser
+    from airflow.cli.commands import dag_command  # noqa: F401
+    from airflow.providers.http.hooks import http  # noqa: F401
+    from airflow.providers.postgres.hooks import postgres  # noqa: F401
+
+    cli_parser.get_parser()
+    # the in-process Execution API's app, built and dropped: what it imports stays imported.
+    # Each run still builds its own (and cadwyn generates its routes on its first request).
+    InProcessExecutionAPI().app  # noqa: B018
+
+
+def _become_child(req: dict, control: list) -> list[str]:
+    """In the forked child: take the request's process state; return the argv to run."""
+    for stream in control:
+        stream.close()
+    for fd, path, mode in (
+        (0, req["stdin"], os.O_RDONLY),
+        (1, req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        (2, req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+    ):
+        opened = os.open(path, mode, 0o600)
+        os.dup2(opened, fd)
+        os.close(opened)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    return req["argv"]
+
+
+def _control() -> tuple:
+    """The request pipe (stdin) and the answer pipe (stdout) as files of their own; fds 0 and 1
+    become /dev/null and stderr, so that nothing Airflow prints can garble an answer."""
+    ctl_in, ctl_out = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(2, 1)
+    os.close(devnull)
+    reader = os.fdopen(ctl_in, "r", encoding="utf-8")
+    writer = os.fdopen(ctl_out, "w", encoding="utf-8", buffering=1)
+    return reader, writer
+
+
+def _serve(reader, writer) -> list[str] | None:
+    """Answer requests until stdin closes (returns None) or, in a child, return its argv."""
+    writer.write(json.dumps({"ready": os.getpid()}) + "\n")
+    for line in reader:
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            return _become_child(req, [reader, writer])
+        writer.write(json.dumps({"pid": pid}) + "\n")
+        _, status = os.waitpid(pid, 0)
+        writer.write(json.dumps({"pid": pid, "returncode": _returncode(status)}) + "\n")
+    return None
+
+
+def _returncode(status: int) -> int:
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+# ------------------------------------------------------------------------------- the client
+
+MAX_SERVERS = 4  # one per environment in use; the least recently used one ends first
+_servers: dict[tuple[tuple[str, str], ...], _Server] = {}
+_cold: set[tuple[tuple[str, str], ...]] = set()  # environments Airflow does not import in
+
+
+class _Server:
+    """One server process and the line protocol to it."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # a server that fails to warm is replaced (see run)
+            env=env,
+        )
+        self._buf = b""
+        try:
+            self.ready = self.read(timeout=300) is not None
+        except TimeoutError:
+            self.ready = False
+
+    def read(self, timeout: float | None) -> dict | None:
+        """The next answer; None when the server has ended; TimeoutError after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def send(self, request: dict) -> None:
+        self.proc.stdin.write(json.dumps(request).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def close(self, *, kill: bool = False) -> None:
+        """End the server: stdin closed (it exits), or killed; its pipes closed."""
+        try:
+            if kill:
+                self.proc.kill()
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+
+
+def _server(env: dict[str, str]) -> _Server | None:
+    key = server_key(env)
+    if key in _cold:
+        return None
+    server = _servers.pop(key, None)
+    if server is None or server.proc.poll() is not None:
+        while len(_servers) >= MAX_SERVERS:
+            _servers.pop(next(iter(_servers))).close()
+        server = _Server(env)
+        if not server.ready:
+            server.close()
+            _cold.add(key)
+            return None
+    _servers[key] = server  # most recently used last
+    return server
+
+
+def run(
+    cmd: list[str], argv: list[str], env: dict[str, str], timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)`` for
+    ``cmd``, the ``airflow`` command with ``argv``, forked from a warm server.
+
+    Where Airflow does not even import in ``env`` (a test's broken configuration), the command
+    runs as a plain subprocess, so its output is the console script's.
+    """
+    with tempfile.TemporaryDirectory(prefix="airflow-fork-") as tmp:
+        scratch = Path(tmp)
+        server = _server(env)
+        if server is None:
+            return subprocess.run(
+                cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+            )
+        out, err = scratch / "stdout", scratch / "stderr"
+        request = {"argv": argv, "env": env, "cwd": os.getcwd(), "stdin": os.devnull}
+        server.send({**request, "stdout": str(out), "stderr": str(err)})
+        pid = done = None
+        try:
+            pid = _answer(server, 60)["pid"]
+            try:
+                done = _answer(server, timeout)
+            except TimeoutError:
+                os.kill(pid, signal.SIGKILL)  # as subprocess.run does; the server reaps it
+                _answer(server, 60)
+        except BaseException:  # interrupted (pytest-timeout, Ctrl-C): the child and server end
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            _servers.pop(server_key(env), None)
+            server.close(kill=True)
+            raise
+        if done is None:
+            raise subprocess.TimeoutExpired(cmd, timeout, _text(out), _text(err))
+        return subprocess.CompletedProcess(cmd, done["returncode"], _text(out), _text(err))
+
+
+def _answer(server: _Server, timeout: float | None) -> dict:
+    answer = server.read(timeout)
+    if answer is None:
+        raise RuntimeError(f"the airflow fork server (pid {server.proc.pid}) ended mid-request")
+    return answer
+
+
+def _text(path: Path) -> str:
+    """A captured stream decoded as ``subprocess.run(text=True)`` decodes it."""
+    if not path.exists():
+        return ""
+    with path.open(encoding=locale.getpreferredencoding(False)) as f:
+        return f.read()
+
+
+def close(*, home: Path | None = None) -> None:
+    """End the servers (those whose ``AIRFLOW_HOME`` is ``home``, when given)."""
+    for key in list(_servers):
+        if home is None or dict(key).get("AIRFLOW_HOME") == str(home):
+            _servers.pop(key).close()
+
+
+atexit.register(close)
+
+
+if __name__ == "__main__":
+    # the same exit as devtools/airflow_cli.py (see there); registered before Airflow's
+    atexit.register(gc.freeze)
+    if sys.path and sys.path[0] == str(Path(__file__).resolve().parent):
+        del sys.path[0]  # as devtools/airflow_cli.py: the console script has no such entry
+    control = _control()
+    _warm()
+    argv = _serve(*control)
+    if argv is None:
+        sys.exit(0)
+    sys.argv = [str(Path(sys.executable).with_name("airflow")), *argv]
+    from airflow.__main__ import main
+
+    sys.exit(main())
