@@ -181,7 +181,10 @@ def _server(env: dict[str, str]) -> _Server | None:
     if key in _cold:
         return None
     server = _servers.pop(key, None)
-    if server is None or server.proc.poll() is not None:
+    if server is not None and server.proc.poll() is not None:
+        server.close()  # it ended (killed from outside): its pipes, then a new one
+        server = None
+    if server is None:
         while len(_servers) >= MAX_SERVERS:
             _servers.pop(next(iter(_servers))).close()
         server = _Server(env)
@@ -202,14 +205,13 @@ def run(
     Where Airflow does not even import in ``env`` (a test's broken configuration), the command
     runs as a plain subprocess, so its output is the console script's.
     """
+    server = _server(env)
+    if server is None:
+        return subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
     with tempfile.TemporaryDirectory(prefix="airflow-fork-") as tmp:
-        scratch = Path(tmp)
-        server = _server(env)
-        if server is None:
-            return subprocess.run(
-                cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
-            )
-        out, err = scratch / "stdout", scratch / "stderr"
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         request = {"argv": argv, "env": env, "cwd": os.getcwd(), "stdin": os.devnull}
         server.send({**request, "stdout": str(out), "stderr": str(err)})
         pid = done = None
