@@ -1,16 +1,17 @@
 """``airflow`` CLI runs forked from an interpreter that has already imported Airflow.
 
 Each ``airflow dags test`` the suite runs spends most of its CPU before and around the DAG:
-importing Airflow, its providers and FastAPI (about 3 s on a loaded core), and the in-process
-Execution API, whose versioned routes cadwyn generates on the app's first request (about
-3.6 s). The suite runs about 60 of them on two cores. A fork server pays the imports once
-(the routes are per app and stay each run's own: reusing one app would mean patching
-Airflow): this file, run as ``python devtools/airflow_forkserver.py``, imports those modules
-(a small ``dags test``: 4.6-4.9 s instead of 7.9-8.6 s), then for each
-request forks a child that takes the request's environment, working directory, stdin, stdout
-and stderr, and becomes the ``airflow`` console script (``airflow.__main__.main`` with the
-request's argv) through the interpreter's normal exit: threads joined, exit handlers run
-(logging's flush, OpenTelemetry's shutdown), then devtools/airflow_cli.py's ``gc.freeze``.
+importing Airflow, its providers and FastAPI, and the in-process Execution API, whose versioned
+routes cadwyn generates on the app's first request. The suite runs about a hundred of them on
+two cores. A fork server pays both once: this file, run as
+``python devtools/airflow_forkserver.py``, imports those modules and builds that app with its
+routes (:func:`_prebuild_execution_api`), then for each request forks a child that takes the
+request's environment, working directory, stdin, stdout and stderr, and becomes the
+``airflow`` console script (``airflow.__main__.main`` with the request's argv) through the
+interpreter's normal exit: threads joined, exit handlers run (logging's flush,
+OpenTelemetry's shutdown), then devtools/airflow_cli.py's ``gc.freeze``. A small failing
+``dags test`` (three task tries), measured on one slow core: 11.5-11.9 CPU-s forked with the
+imports only, 2.0-2.1 CPU-s with the app built too (a plain process: about 23).
 Forking a warm interpreter is how Airflow runs its own task processes (LocalExecutor and the
 Celery worker fork a parent that imported Airflow); nothing of the DAG, the job package or a
 connection exists before the fork, so every run parses its DAG file and reads its
@@ -64,9 +65,42 @@ def _warm() -> None:
     from airflow.providers.postgres.hooks import postgres  # noqa: F401
 
     cli_parser.get_parser()
-    # the in-process Execution API's app, built and dropped: what it imports stays imported.
-    # Each run still builds its own (and cadwyn generates its routes on its first request).
+    # the in-process Execution API's app, built and dropped: what it imports stays imported
     InProcessExecutionAPI().app  # noqa: B018
+
+
+# the commands that run tasks against an in-process Execution API
+IN_PROCESS_API_COMMANDS = (["dags", "test"], ["tasks", "test"])
+
+
+def _prebuild_execution_api(api_class: type) -> None:
+    """Build the in-process Execution API's app once, routes generated, for each child's first
+    ``InProcessExecutionAPI``. Done by the server on its first such command
+    (:data:`IN_PROCESS_API_COMMANDS`), so that a server whose commands are a ``db migrate`` or a
+    ``dags trigger`` does not pay for it.
+
+    ``airflow dags test`` runs its tasks against an in-process Execution API: one
+    ``InProcessExecutionAPI`` per run, whose app cadwyn completes on its first request by
+    generating every API version's routes, about 60 % of a small run's CPU (9 s of 16 s on a
+    slow core, measured with py-spy). The app is the same for every run of a server: it is
+    built by Airflow's own ``InProcessExecutionAPI.app`` from the configuration the server
+    imported (which :func:`server_key` pins), and holds no connection, Variable or DAG (its
+    DagBag reads the metadata DB per request). So the server builds it, lets cadwyn generate
+    the routes, and each forked child's first instance starts with its own copy of it (fork is
+    copy-on-write): the child enters the app's lifespan and starts its event-loop thread as a
+    plain run does. Later instances in the same child build their own, as without the server.
+    """
+    app = api_class().app
+    app._cadwyn_initialize()  # what cadwyn's __call__ does on the first request
+    spare = [app]
+    init = api_class.__init__
+
+    def __init__(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        if spare and self._app is None:
+            self._app = spare.pop()
+
+    api_class.__init__ = __init__
 
 
 def _become_child(req: dict, control: list) -> list[str]:
@@ -103,8 +137,14 @@ def _control() -> tuple:
 def _serve(reader, writer) -> list[str] | None:
     """Answer requests until stdin closes (returns None) or, in a child, return its argv."""
     writer.write(json.dumps({"ready": os.getpid()}) + "\n")
+    prebuilt = False
     for line in reader:
         req = json.loads(line)
+        if not prebuilt and req["argv"][:2] in IN_PROCESS_API_COMMANDS:
+            from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
+
+            _prebuild_execution_api(InProcessExecutionAPI)
+            prebuilt = True
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()

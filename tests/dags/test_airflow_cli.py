@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,7 @@ def test_the_cli_answers_as_the_console_script(airflow_home: Path, args: list[st
 # ae.airflow forks each command from a warm interpreter (devtools/airflow_forkserver.py)
 
 FAILURE_DAGS = Path(__file__).resolve().parent / "fixtures_dags" / "failure"
+REPO = Path(__file__).resolve().parents[2]
 
 
 MARKING = re.compile(r"Marking run <DagRun (\S+) .*> (\w+)")
@@ -89,6 +91,36 @@ def test_a_forked_dags_test_ends_as_the_console_scripts(airflow_home: Path) -> N
     forked = ae.airflow(args, env, timeout=300)
     assert (forked.returncode, script.returncode) == (1, 1), forked.stdout + forked.stderr
     assert _final_state(forked) == _final_state(script) == [("pin_fixture_task_failed", "failed")]
+
+
+PREBUILT_PROBE = """
+from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
+from devtools import airflow_forkserver
+airflow_forkserver._prebuild_execution_api(InProcessExecutionAPI)
+first, second = InProcessExecutionAPI(), InProcessExecutionAPI()
+same = set(first.app.dependency_overrides) == set(second.app.dependency_overrides)
+print("PROBE", first.app._cadwyn_initialized, second.app._cadwyn_initialized,
+      first.app is second.app, same)
+"""
+
+
+def test_a_childs_first_execution_api_has_the_prebuilt_app_and_later_ones_build_their_own(
+    airflow_home: Path,
+) -> None:
+    """The server's prebuilt app (routes generated) goes to one instance only; the next one is
+    built as Airflow builds it, with the same overrides (auth bypassed in-process)."""
+    env = ae.airflow_env(airflow_home, job_db_url="postgresql:///unused")
+    done = subprocess.run(
+        [sys.executable, "-c", PREBUILT_PROBE],
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    [probe] = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
+    assert probe.split()[1:] == ["True", "False", "False", "True"]
 
 
 def test_each_forked_run_reads_its_own_connections_and_variables(airflow_home: Path) -> None:
