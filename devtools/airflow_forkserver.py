@@ -4,14 +4,15 @@ Each ``airflow dags test`` the suite runs spends most of its CPU before and arou
 importing Airflow, its providers and FastAPI, and the in-process Execution API, whose versioned
 routes cadwyn generates on the app's first request. The suite runs about a hundred of them on
 two cores. A fork server pays both once: this file, run as
-``python devtools/airflow_forkserver.py``, imports those modules and builds that app with its
-routes (:func:`_prebuild_execution_api`), then for each request forks a child that takes the
+``python devtools/airflow_forkserver.py``, imports those modules (and, on its first
+``dags test``, builds that app with its routes: :func:`_prebuild_execution_api`), then for
+each request forks a child that takes the
 request's environment, working directory, stdin, stdout and stderr, and becomes the
 ``airflow`` console script (``airflow.__main__.main`` with the request's argv) through the
 interpreter's normal exit: threads joined, exit handlers run (logging's flush,
 OpenTelemetry's shutdown), then devtools/airflow_cli.py's ``gc.freeze``. A small failing
 ``dags test`` (three task tries), measured on one slow core: 11.5-11.9 CPU-s forked with the
-imports only, 2.0-2.1 CPU-s with the app built too (a plain process: about 23).
+imports only, 2.0-3.0 CPU-s with the app built too (a plain process: about 23).
 Forking a warm interpreter is how Airflow runs its own task processes (LocalExecutor and the
 Celery worker fork a parent that imported Airflow); nothing of the DAG, the job package or a
 connection exists before the fork, so every run parses its DAG file and reads its
@@ -256,7 +257,9 @@ def run(
         server.send({**request, "stdout": str(out), "stderr": str(err)})
         pid = done = None
         try:
-            pid = _answer(server, 60)["pid"]
+            # the server answers once the child exists; before its first dags test it builds
+            # the app first (seconds, more on a loaded machine); a dead server answers at once
+            pid = _answer(server, 300)["pid"]
             try:
                 done = _answer(server, timeout)
             except TimeoutError:
