@@ -59,15 +59,13 @@ def server_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 def _warm() -> None:
     """Import what every ``airflow dags test`` imports before it runs its first task."""
     import airflow.__main__  # noqa: F401 (settings, configuration, logging)
-    from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
     from airflow.cli import cli_parser
     from airflow.cli.commands import dag_command  # noqa: F401
     from airflow.providers.http.hooks import http  # noqa: F401
     from airflow.providers.postgres.hooks import postgres  # noqa: F401
 
     cli_parser.get_parser()
-    # the in-process Execution API's app, built and dropped: what it imports stays imported
-    InProcessExecutionAPI().app  # noqa: B018
+    # the in-process Execution API: built on the first dags test (_prebuild_execution_api)
 
 
 # the commands that run tasks against an in-process Execution API
