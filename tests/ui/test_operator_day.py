@@ -86,6 +86,7 @@ def test_trigger_form_shows_the_params_and_a_dry_run_changes_nothing(
     triggered = ui.submit(dialog)
     assert triggered.status == 200, triggered.body
     assert triggered.body["conf"]["dry_run"] is True
+    ui.leave()
     run = api.wait_run(dag_id, triggered.run_id)
     assert run["state"] == "success", run
     assert fingerprint(job_db) == before
@@ -128,6 +129,7 @@ def test_ids_and_all_quarantined_together_fail_at_once_as_a_warning(
     AirflowUI.set_flag(dialog, "all_quarantined")
     triggered = ui.submit(dialog)
     assert triggered.status == 200, triggered.body  # a rule across two params: the task's
+    ui.leave()
     run = api.wait_run(dag_id, triggered.run_id)
     assert run["state"] == "failed", run
     assert fingerprint(job_db) == before
@@ -156,6 +158,7 @@ def test_a_real_run_reports_in_its_task_log(
     dialog = ui.open_trigger(dag_id)
     triggered = ui.submit(dialog)
     assert triggered.status == 200, triggered.body
+    ui.leave()
     assert api.wait_run(dag_id, triggered.run_id)["state"] == "success"
     log = ui.open_task_log(dag_id, triggered.run_id, task_id, expect="event=cycle_completed")
     [line] = [x for x in log.splitlines() if "event=cycle_completed" in x]
