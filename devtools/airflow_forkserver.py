@@ -19,8 +19,8 @@ connection exists before the fork, so every run parses its DAG file and reads it
 ``AIRFLOW_CONN_*`` / ``AIRFLOW_VAR_*`` fresh.
 
 What a warm interpreter has fixed is the configuration Airflow read at import. So a server
-serves only environments equal to its own except for the variables Airflow reads when they are
-used (:data:`LIVE_PREFIXES`): :func:`run` keeps one server per such environment.
+serves only environments equal to its own except for the variables read when they are used
+(:data:`LIVE_PREFIXES`): :func:`run` keeps one server per such environment.
 
 Protocol (one request at a time, JSON lines on the server's stdin and stdout): the client sends
 ``{"argv", "env", "cwd", "stdin", "stdout", "stderr"}`` (the last three are file paths), the
@@ -45,10 +45,14 @@ import tempfile
 import time
 from pathlib import Path
 
-# Variables Airflow reads when they are used (the environment secrets backend looks up
-# connections and Variables per call), and the one pytest rewrites per test: a child may differ
-# from its server in these. Any other difference needs its own server.
-LIVE_PREFIXES = ("AIRFLOW_CONN_", "AIRFLOW_VAR_", "PYTEST_CURRENT_TEST")
+# Variables read only when they are used, and the one pytest rewrites per test: a child may
+# differ from its server in these. Airflow's environment secrets backend looks up connections
+# and Variables per call; the project's own ``PIN_*`` settings are read when a DAG file is
+# parsed or the scheduler-side plugin loads, both after the fork (a server imports nothing of
+# dags/, include/ or pin_maintenance_plugin: tests/dags/test_airflow_cli.py checks it;
+# tests/dags/test_deadline_dags_test_fix.py runs PIN_AIRFLOW_73428_FIX on and off through one
+# server). Any other difference needs its own server.
+LIVE_PREFIXES = ("AIRFLOW_CONN_", "AIRFLOW_VAR_", "PIN_", "PYTEST_CURRENT_TEST")
 
 
 def server_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
@@ -161,7 +165,11 @@ def _returncode(status: int) -> int:
 
 # ------------------------------------------------------------------------------- the client
 
-MAX_SERVERS = 4  # one per environment in use; the least recently used one ends first
+# One per environment in use. Past the limit the server that has run the fewest commands ends
+# first (the least recently used among those): a module's one-off environments (a statsd port,
+# a fixture DAG folder) come and go, while the DAG tier's shared environment keeps its server
+# (with "least recently used" alone it was ended and warmed again, 8 CPU-s each time).
+MAX_SERVERS = 4
 _servers: dict[tuple[tuple[str, str], ...], _Server] = {}
 _cold: set[tuple[tuple[str, str], ...]] = set()  # environments Airflow does not import in
 
@@ -178,6 +186,7 @@ class _Server:
             env=env,
         )
         self._buf = b""
+        self.uses = 0
         try:
             self.ready = self.read(timeout=300) is not None
         except TimeoutError:
@@ -225,13 +234,15 @@ def _server(env: dict[str, str]) -> _Server | None:
         server = None
     if server is None:
         while len(_servers) >= MAX_SERVERS:
-            _servers.pop(next(iter(_servers))).close()
+            fewest = min(_servers, key=lambda k: _servers[k].uses)  # first = least recent
+            _servers.pop(fewest).close()
         server = _Server(env)
         if not server.ready:
             server.close()
             _cold.add(key)
             return None
     _servers[key] = server  # most recently used last
+    server.uses += 1
     return server
 
 

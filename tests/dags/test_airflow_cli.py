@@ -94,9 +94,13 @@ def test_a_forked_dags_test_ends_as_the_console_scripts(airflow_home: Path) -> N
 
 
 PREBUILT_PROBE = """
-from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
+import sys
 from devtools import airflow_forkserver
+airflow_forkserver._warm()
+from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
 airflow_forkserver._prebuild_execution_api(InProcessExecutionAPI)
+ours = ("dags", "include", "pin_maintenance_plugin")
+print("PROJECT_MODULES", sorted(m for m in sys.modules if m.split(".")[0] in ours))
 first, second = InProcessExecutionAPI(), InProcessExecutionAPI()
 same = set(first.app.dependency_overrides) == set(second.app.dependency_overrides)
 print("PROBE", first.app._cadwyn_initialized, second.app._cadwyn_initialized,
@@ -108,7 +112,9 @@ def test_a_childs_first_execution_api_has_the_prebuilt_app_and_later_ones_build_
     airflow_home: Path,
 ) -> None:
     """The server's prebuilt app (routes generated) goes to one instance only; the next one is
-    built as Airflow builds it, with the same overrides (auth bypassed in-process)."""
+    built as Airflow builds it, with the same overrides (auth bypassed in-process). A warm
+    server has imported nothing of the project, so the ``PIN_*`` settings a child reads are
+    its own request's (airflow_forkserver.LIVE_PREFIXES)."""
     env = ae.airflow_env(airflow_home, job_db_url="postgresql:///unused")
     done = subprocess.run(
         [sys.executable, "-c", PREBUILT_PROBE],
@@ -121,6 +127,7 @@ def test_a_childs_first_execution_api_has_the_prebuilt_app_and_later_ones_build_
     assert done.returncode == 0, done.stderr[-3000:]
     [probe] = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
     assert probe.split()[1:] == ["True", "False", "False", "True"]
+    assert "PROJECT_MODULES []" in done.stdout.splitlines(), done.stdout[-2000:]
 
 
 def test_each_forked_run_reads_its_own_connections_and_variables(airflow_home: Path) -> None:

@@ -23,6 +23,13 @@ NO_JOB_DB = Database(url="postgresql:///unused", name="unused")  # the fixtures 
 BUG = "'dict' object has no attribute 'hex'"
 
 
+@pytest.fixture(scope="module")
+def no_plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty plugins folder: the plugin is the entry point. One for the module, so that the
+    two runs with the fix share an environment (and a warm fork server)."""
+    return tmp_path_factory.mktemp("no-plugins")
+
+
 def env(plugins: Path, *, fix: bool = True) -> dict[str, str]:
     return {
         "AIRFLOW__CORE__DAGS_FOLDER": str(FIXTURES),
@@ -38,17 +45,17 @@ def env(plugins: Path, *, fix: bool = True) -> dict[str, str]:
         "pin_fixture_builtin_deadline",  # a builtin DAGRUN_QUEUED_AT reference: the bug is generic
     ],
 )
-def test_dags_test_exits_0_with_the_fix(run_dag, dag_id, tmp_path) -> None:
-    done = run_dag(dag_id, NO_JOB_DB, extra_env=env(tmp_path))
+def test_dags_test_exits_0_with_the_fix(run_dag, dag_id, no_plugins) -> None:
+    done = run_dag(dag_id, NO_JOB_DB, extra_env=env(no_plugins))
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-4000:]
     assert BUG not in output
     assert "Marking run" in output and "successful" in output
 
 
-def test_dags_test_exits_1_without_the_fix(run_dag, tmp_path) -> None:
+def test_dags_test_exits_1_without_the_fix(run_dag, no_plugins) -> None:
     """Only the deadline reference registered, not the fix: the upstream bug shows."""
-    done = run_dag("pin_fixture_deadline", NO_JOB_DB, extra_env=env(tmp_path, fix=False))
+    done = run_dag("pin_fixture_deadline", NO_JOB_DB, extra_env=env(no_plugins, fix=False))
     output = done.stdout + done.stderr
     assert done.returncode == 1, (
         "airflow dags test exited 0 without pin_maintenance_plugin.dags_test_fix: "
