@@ -1,6 +1,6 @@
 """Under the real scheduler: scheduled ticks run, and max_active_runs=1 holds a slow run alone.
 
-Uses the test-only DAG ``e2e_tick`` (a 10-second ``DeltaTriggerTimetable``) whose runs hold
+Uses the test-only DAG ``e2e_tick`` (a 5-second ``DeltaTriggerTimetable``) whose runs hold
 until the test releases a gate; the shipped DAGs keep their contract schedules.
 """
 
@@ -17,7 +17,7 @@ from tests.e2e.stack_fixtures import E2EAirflow
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 DAG = "e2e_tick"
-INTERVAL = 10
+INTERVAL = 5  # the DAG's DeltaTriggerTimetable, seconds
 
 
 def test_scheduled_ticks_run_one_at_a_time(airflow_e2e: E2EAirflow) -> None:

@@ -1,4 +1,4 @@
-"""Test-only DAG (end-to-end suite): a 10-second schedule and a run that waits for a gate.
+"""Test-only DAG (end-to-end suite): a 5-second schedule and a run that waits for a gate.
 
 Checks under the real scheduler that scheduled ticks run and that ``max_active_runs=1`` keeps a
 second run from starting while a slow one is in flight. Each run records its start and end in
@@ -17,7 +17,7 @@ from include.pin_airflow.dag_support import START_DATE
 @dag(
     dag_id="e2e_tick",
     doc_md=__doc__,
-    schedule=DeltaTriggerTimetable(timedelta(seconds=10)),
+    schedule=DeltaTriggerTimetable(timedelta(seconds=5)),
     start_date=START_DATE,
     catchup=False,
     max_active_runs=1,  # the property under test
