@@ -31,8 +31,8 @@ batch loops per delete task, one connection each; each claims, deletes and commi
 batches; 1 = one loop; a task holds up to 1 + runners server connections),
 `max_batches_per_run` (>= 1, session batches per run: each delete task claims at most this
 many, all its loops together), `max_run_duration_seconds` (> 0, the whole run, split between
-the delete tasks: `delete_action_events` claims for the first 25 %, then
-`delete_property_object_views` until 60 %, `delete_sessions` until 100 %; each later task covers
+the delete tasks: `delete_action_events` claims for the first 20 %, then
+`delete_property_object_views` until 50 %, `delete_sessions` until 100 %; each later task covers
 only the sessions the one before it covered), `dry_run` (count per table what would be
 deleted; delete nothing). An invalid value
 fails `prepare` before any delete, naming the key, its value and the allowed range.

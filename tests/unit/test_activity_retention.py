@@ -172,11 +172,11 @@ def test_each_step_stops_at_its_share_of_the_run_and_the_last_at_the_run_deadlin
     assert deadlines == sorted(deadlines)  # children first, each later step after
     assert deadlines[-1] == PLAN.deadline_at
     start = PLAN.deadline_at - job.timedelta(seconds=PLAN.max_run_duration_seconds)
-    assert deadlines[0] == start + job.timedelta(seconds=450)  # a quarter of 1800 s
-    # the views step may take 1.4x what the first step had, the sessions step at least 1.6x
+    assert deadlines[0] == start + job.timedelta(seconds=360)  # a fifth of 1800 s
+    # the views step may take 1.5x what the first step had, the sessions step at least 2.5x
     first = (deadlines[0] - start).total_seconds()
-    assert (deadlines[1] - deadlines[0]).total_seconds() == pytest.approx(1.4 * first)
-    assert (deadlines[2] - deadlines[1]).total_seconds() == pytest.approx(1.6 * first)
+    assert (deadlines[1] - deadlines[0]).total_seconds() == pytest.approx(1.5 * first)
+    assert (deadlines[2] - deadlines[1]).total_seconds() == pytest.approx(2.5 * first)
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ CONFIG = ConfigSpec(
             minimum=0,
             exclusive_minimum=True,
             help=(
-                "Time budget of the whole run, split between the delete tasks (25 / 60 / 100 % "
+                "Time budget of the whole run, split between the delete tasks (20 / 50 / 100 % "
                 "of the window), checked between batches."
             ),
         ),
