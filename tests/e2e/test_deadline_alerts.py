@@ -59,7 +59,8 @@ RUN_2_DEADLINE = 40  # s after queueing: room for the task to start and the DAG 
 FIXTURE = Path(__file__).resolve().parents[1] / "dags" / "fixtures_dags" / "e2e_deadline"
 # re-parse quickly so the "edit the DAG file" steps take seconds: an edited file is parsed again
 # once the dag-processor sees its new mtime, whatever min_file_process_interval says; the
-# interval only sets how often an unchanged file is parsed (10 s: a tenth of the CPU of 1 s)
+# interval only sets how often an unchanged file is parsed (tests/e2e/bundle_fixtures.py: at
+# 1 s a fifth of a core)
 QUICK_REPARSE = {
     "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
     "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
