@@ -20,22 +20,19 @@ import pytest
 
 from devtools.local_airflow import git_bundle
 from tests.e2e import job_checks as jc
-from tests.e2e.stack_fixtures import E2EAirflow, JobServer, e2e_stack, running_e2e
+from tests.e2e.stack_fixtures import (
+    QUICK_REPARSE,
+    E2EAirflow,
+    JobServer,
+    e2e_stack,
+    running_e2e,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = "pin-maintenance"
 SLOT_CONFIG = "include/pin_maintenance/jobs/slot_expiration_config.py"
 DEFAULT_BATCH = '"batch_size",\n            500,'
 PUSHED_BATCH = '"batch_size",\n            7,'
-# A pushed commit is parsed within seconds: the bundle is fetched every 2 s, and the DAG files
-# (unchanged by the commit) are parsed again at most 10 s later. Every parse is serialised and
-# written by the dag-processor: at 1 s it took a fifth of a core for the stack's whole life.
-QUICK_REPARSE = {
-    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
-    "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
-    "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "1",
-}
 LATE_DAG = jc.RETENTION
 GIT_ID = ["-c", "user.name=pin-e2e", "-c", "user.email=pin-e2e@localhost"]
 

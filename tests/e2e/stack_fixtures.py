@@ -41,6 +41,18 @@ E2E_DAGS = Path(__file__).resolve().parent / "dags"
 TERMINAL = frozenset({"success", "failed"})
 # generous: the machine is shared and Airflow's processes compete for two cores
 RUN_TIMEOUT = float(os.environ.get("PIN_E2E_RUN_TIMEOUT", "300"))
+# For the stacks whose tests edit or push a DAG: an edited file is parsed again once the
+# dag-processor sees its new mtime, whatever min_file_process_interval says, and a pushed
+# commit (the git-bundle stack's DAG files unchanged by it) within the bundle's refresh plus
+# 10 s. The interval only sets how often an unchanged file is parsed; every parse is
+# serialised and written by the dag-processor: at 1 s it took a fifth of a core for the
+# stack's whole life.
+QUICK_REPARSE = {
+    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
+    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+    "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
+    "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "1",  # default 30 s
+}
 
 
 def leftover_processes(home: Path) -> list[str]:

@@ -50,22 +50,16 @@ from devtools import pg
 from devtools.local_airflow import AirflowStack, free_port
 from devtools.local_airflow import wait_for as _wait_for
 from tests.e2e.loopback import RecordingWebhook, UdpListener
-from tests.e2e.stack_fixtures import running_stack
+from tests.e2e.stack_fixtures import QUICK_REPARSE, running_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(360)]
 
 DAG_ID = "pin_fixture_deadline_e2e"
 RUN_2_DEADLINE = 40  # s after queueing: room for the task to start and the DAG to be re-parsed
 FIXTURE = Path(__file__).resolve().parents[1] / "dags" / "fixtures_dags" / "e2e_deadline"
-# re-parse quickly so the "edit the DAG file" steps take seconds: an edited file is parsed again
-# once the dag-processor sees its new mtime, whatever min_file_process_interval says; the
-# interval only sets how often an unchanged file is parsed (tests/e2e/bundle_fixtures.py: at
-# 1 s a fifth of a core)
-QUICK_REPARSE = {
-    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "2",
-    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
-    "AIRFLOW__DAG_PROCESSOR__BUNDLE_REFRESH_CHECK_INTERVAL": "1",
-    "AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL": "1",  # default 30 s
+# re-parse quickly so the "edit the DAG file" steps take seconds (stack_fixtures.QUICK_REPARSE)
+DEADLINE_STACK_ENV = {
+    **QUICK_REPARSE,
     "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
     # a loaded 2-core machine: the task's calls to the API server took > 5 s (the default) and
     # the task failed before it started (httpx.ReadTimeout); that is not what this test is about
@@ -105,7 +99,7 @@ def deadline_airflow(
         webhook_url=webhook_url,
         start_selections=False,
         paused_at_creation=False,
-        extra_env={**QUICK_REPARSE, **extra_env},
+        extra_env={**DEADLINE_STACK_ENV, **extra_env},
     )
     # the database exists (a copy of the migrated template): nothing to create or migrate
     with running_stack(stack, meta_template=database.name, what="the deadline stack"):
