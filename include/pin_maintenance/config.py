@@ -93,18 +93,23 @@ class ConfigSpec:
         self,
         variable: str | Mapping[str, Any] | None = None,
         params: Mapping[str, Any] | None = None,
+        *,
+        variable_source: str | None = None,
     ) -> dict[str, Number]:
         """Merge defaults, the Variable (JSON text or mapping) and params; validate everything.
 
         A param whose value is ``None`` means "not given" (the DAG declares its params with a
         ``None`` default so that the Variable can still override the code default).
+        ``variable_source`` names where the JSON came from when it is not the Airflow Variable
+        (a CLI's ``--config``), so that an error points at what the user typed.
         """
+        where = variable_source or f"Variable {self.job}"
         by_name = {s.name: s for s in self.settings}
         values: dict[str, Number] = self.defaults
         sources = {name: "default" for name in values}
 
         for layer, source in (
-            (self._parse_variable(variable), f"from Variable {self.job}"),
+            (self._parse_variable(variable, where), f"from {where}"),
             (params or {}, "from trigger params"),
         ):
             for key, value in layer.items():
@@ -131,7 +136,9 @@ class ConfigSpec:
                 )
         return values
 
-    def _parse_variable(self, variable: str | Mapping[str, Any] | None) -> Mapping[str, Any]:
+    def _parse_variable(
+        self, variable: str | Mapping[str, Any] | None, where: str
+    ) -> Mapping[str, Any]:
         if variable is None or variable == "":
             return {}
         if isinstance(variable, Mapping):
@@ -140,12 +147,12 @@ class ConfigSpec:
             parsed = json.loads(variable)
         except json.JSONDecodeError as exc:
             raise ConfigError(
-                f"{self.job}: Variable {self.job} is not valid JSON ({exc.msg} at position "
+                f"{self.job}: {where} is not valid JSON ({exc.msg} at position "
                 f'{exc.pos}); expected a JSON object such as {{"batch_size": 100}}'
             ) from exc
         if not isinstance(parsed, dict):
             raise ConfigError(
-                f"{self.job}: Variable {self.job} = {variable!r} must be a JSON object of "
+                f"{self.job}: {where} = {variable!r} must be a JSON object of "
                 f"config keys, got {type(parsed).__name__}"
             )
         return parsed

@@ -355,3 +355,27 @@ def lock_held_too_long(
             "limit_seconds": limit_seconds,
         },
     )
+
+
+# SQLSTATE classes that mean "the database or our session is unwell", not "this row is bad":
+# connection (08), read-only transaction incl. a failover in progress (25), transaction
+# rollback incl. deadlock/serialization (40), syntax/privilege (42: a statement that cannot run
+# at all fails every row alike), resources (53), operator intervention incl. statement timeout
+# and shutdown (57), system (58), config/file (F0), internal (XX); plus lock_not_available
+# (55P03, lock_timeout) and object state (55000, 55006).
+_DATABASE_FAULT_CLASSES = frozenset({"08", "25", "40", "42", "53", "57", "58", "F0", "XX"})
+_DATABASE_FAULT_STATES = frozenset({"55P03", "55000", "55006"})
+
+
+def is_row_error(sqlstate: str | None) -> bool:
+    """True when a failed statement may be caused by individual rows (worth isolating them).
+
+    Data exceptions (22), integrity violations (23), exceptions raised by triggers (P0) and
+    other statement-level errors are row errors. A missing SQLSTATE means the client lost the
+    server, and every class above means the database, not the row: both fail the run.
+    """
+    if not sqlstate or len(sqlstate) != 5:
+        return False
+    if sqlstate in _DATABASE_FAULT_STATES:
+        return False
+    return sqlstate[:2] not in _DATABASE_FAULT_CLASSES

@@ -1,8 +1,7 @@
-"""The jobs' one way to run work side by side: lanes under one deadline, stopped as one.
+"""The jobs' way to run database work side by side: lanes under one deadline, stopped as one.
 
-Every job that runs in parallel (slot runners, retention's batch loops, detach's calls) has the
-same needs, and each of its earlier hand-made versions broke one of them on a bad night
-(docs/design.md, "Running side by side"):
+Every job that runs in parallel (slot runners, retention's batch loops) has the same needs,
+each of which a bad night tests (docs/design.md, "Running side by side"):
 
 - one :class:`Deadline` that every wait takes its timeout from (a join, a condition wait, an
   HTTP call, a pause), so no wait outlives the run's bound;
@@ -18,6 +17,10 @@ same needs, and each of its earlier hand-made versions broke one of them on a ba
 Lane 0 runs on the caller's thread (signals, and Airflow hooks that read connections through
 the task runner, only work there); the others on daemon threads. Nothing here knows about
 databases or HTTP: a lane registers how it can be interrupted.
+
+:func:`run_batch_loops` is the one batch loop the batch jobs run on those lanes: each lane
+repeats one batch (its own transaction) until a batch comes back short, a bound is reached or
+the crew stops; the bounds are checked between batches only.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.runloop import StopReason, StopSignal
 
 T = TypeVar("T")
 
@@ -184,3 +187,61 @@ def _join(events: Sequence[threading.Event], seconds: float) -> None:
     until = time.monotonic() + max(0.0, seconds)
     for event in events:
         event.wait(max(0.0, until - time.monotonic()))
+
+
+class BatchBudget:
+    """A bound on the batches a crew of loops may take together (None: no bound)."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.taken = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> bool:
+        """Take one batch of the budget; False when it is spent."""
+        with self._lock:
+            if self.limit is not None and self.taken >= self.limit:
+                return False
+            self.taken += 1
+            return True
+
+
+def run_batch_loops(
+    batches: Sequence[Callable[[Lane], bool]],
+    *,
+    stop: StopSignal,
+    deadline: Deadline,
+    budget: BatchBudget,
+    grace_seconds: float,
+) -> StopReason:
+    """Run one batch loop per lane (:func:`run_lanes`) and return why the crew stopped.
+
+    ``batches[i](lane)`` does one whole batch of lane ``i`` and returns True when it came back
+    full (more may be due). Before each batch a loop stops on the crew's stop signal, on the
+    deadline (except for the crew's first batch, so a run always makes progress) and on the
+    shared budget. The crew's reason is the strongest of its loops': cancelled, then a
+    bound, then drained. A sibling's failure is re-raised by :func:`run_lanes`.
+    """
+
+    def loop(lane: Lane, batch: Callable[[Lane], bool]) -> StopReason:
+        while True:
+            if lane.stop.is_set():
+                return StopReason.CANCELLED
+            if budget.taken and deadline.expired():
+                return StopReason.MAX_DURATION
+            if not budget.take():
+                return StopReason.MAX_BATCHES
+            if not batch(lane):
+                return StopReason.DRAINED
+
+    lanes = [lambda lane, batch=batch: loop(lane, batch) for batch in batches]
+    reasons = run_lanes(lanes, stop=stop, deadline=deadline, grace_seconds=grace_seconds)
+    return strongest_stop_reason(reasons)
+
+
+def strongest_stop_reason(reasons: Sequence[StopReason]) -> StopReason:
+    """Cancelled if any loop was, else a bound if any loop hit one, else drained."""
+    for reason in (StopReason.CANCELLED, StopReason.MAX_DURATION, StopReason.MAX_BATCHES):
+        if reason in reasons:
+            return reason
+    return StopReason.DRAINED

@@ -1,13 +1,11 @@
-"""The bounded batch loop every job runs, and the stop signal that ends it between batches."""
+"""The stop signal that ends a job run between batches, and the reasons a run stops."""
 
 from __future__ import annotations
 
 import signal
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -40,10 +38,6 @@ class StopSignal:
     def is_set(self) -> bool:
         return self._event.is_set() or (self._parent is not None and self._parent.is_set())
 
-    def raise_if_set(self) -> None:
-        if self.is_set():
-            raise JobCancelled(self.reason)
-
     @contextmanager
     def on_sigterm(self) -> Iterator[StopSignal]:
         """Set this signal on SIGTERM while inside the block, then chain to the old handler.
@@ -75,47 +69,3 @@ class StopReason(StrEnum):
     MAX_BATCHES = "max_batches"
     MAX_DURATION = "max_duration"
     CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True)
-class LoopLimits:
-    max_duration_seconds: float
-    max_batches: int | None = None
-
-
-@dataclass(frozen=True)
-class LoopResult:
-    batches: int
-    stop_reason: StopReason
-
-    @property
-    def has_more(self) -> bool:
-        """True when a bound, not an empty or short batch, ended the run (the seeds' HasMore)."""
-        return self.stop_reason is not StopReason.DRAINED
-
-
-def run_batches(
-    batch: Callable[[int], bool],
-    limits: LoopLimits,
-    stop: StopSignal,
-    clock: Callable[[], float] = time.monotonic,
-) -> LoopResult:
-    """Call ``batch(index)`` until it returns False (short batch) or a bound is reached.
-
-    ``batch`` does one complete unit of work (its own transaction) and returns True when the
-    batch was full, i.e. more work may be waiting. Bounds are checked between batches only, so
-    a batch is never abandoned half-way by the loop itself.
-    """
-    started = clock()
-    done = 0
-    while True:
-        if stop.is_set():
-            return LoopResult(done, StopReason.CANCELLED)
-        if limits.max_batches is not None and done >= limits.max_batches:
-            return LoopResult(done, StopReason.MAX_BATCHES)
-        if done and clock() - started >= limits.max_duration_seconds:
-            return LoopResult(done, StopReason.MAX_DURATION)
-        full = batch(done)
-        done += 1
-        if not full:
-            return LoopResult(done, StopReason.DRAINED)

@@ -1,4 +1,5 @@
-"""Lanes side by side: any exception stops every lane, the join is bounded (pure; no DB)."""
+"""Lanes side by side and the batch loop on them: any exception stops every lane, the join
+is bounded, bounds are checked between batches (pure; no DB)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,15 @@ import time
 
 import pytest
 
-from include.pin_maintenance.parallel import Deadline, LanesDidNotStop, run_lanes
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.parallel import (
+    BatchBudget,
+    Deadline,
+    LanesDidNotStop,
+    run_batch_loops,
+    run_lanes,
+    strongest_stop_reason,
+)
+from include.pin_maintenance.runloop import StopReason, StopSignal
 
 
 class Boom(BaseException):
@@ -168,3 +176,114 @@ def test_deadline_timeout_is_what_is_left_capped():
     assert deadline.timeout(5) == 2
     now[0] = 200.0
     assert deadline.remaining() == 0 and deadline.expired() and deadline.timeout(5) == 0
+
+
+# -- the shared batch loop -------------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_loop_stops_on_its_first_short_batch():
+    calls = []
+
+    def batch(lane):
+        calls.append(lane.index)
+        return len(calls) < 3
+
+    reason = run_batch_loops(
+        [batch], stop=StopSignal(), deadline=Deadline(60), budget=BatchBudget(None), grace_seconds=1
+    )
+    assert reason is StopReason.DRAINED
+    assert calls == [0, 0, 0]
+
+
+def test_the_budget_bounds_the_batches_of_all_loops_together():
+    counts = [0, 0, 0]
+
+    def batch(lane):
+        counts[lane.index] += 1
+        time.sleep(0.001)
+        return True
+
+    budget = BatchBudget(10)
+    reason = run_batch_loops(
+        [batch] * 3, stop=StopSignal(), deadline=Deadline(60), budget=budget, grace_seconds=1
+    )
+    assert reason is StopReason.MAX_BATCHES
+    assert sum(counts) == 10 == budget.taken
+
+
+def test_the_deadline_is_checked_between_batches_and_the_first_batch_always_runs():
+    clock = FakeClock()
+    clock.now = 100.0
+    deadline = Deadline(0, clock=clock)  # already expired
+    calls = []
+
+    def batch(lane):
+        calls.append(clock.now)
+        return True
+
+    reason = run_batch_loops(
+        [batch], stop=StopSignal(), deadline=deadline, budget=BatchBudget(None), grace_seconds=1
+    )
+    assert reason is StopReason.MAX_DURATION
+    assert calls == [100.0]
+
+
+def test_a_stop_ends_every_loop_after_the_batch_in_hand():
+    stop = StopSignal()
+    calls = []
+
+    def batch(lane):
+        calls.append(lane.index)
+        if len(calls) == 2:
+            stop.set("test")
+        return True
+
+    reason = run_batch_loops(
+        [batch], stop=stop, deadline=Deadline(60), budget=BatchBudget(None), grace_seconds=1
+    )
+    assert reason is StopReason.CANCELLED
+    assert calls == [0, 0]
+
+
+def test_a_failing_loop_stops_its_siblings_and_its_error_is_raised():
+    seen = []
+
+    def failing(lane):
+        raise Boom("lane 1 broke")
+
+    def steady(lane):
+        seen.append(lane.stop.is_set())
+        time.sleep(0.01)
+        return True
+
+    with pytest.raises(Boom, match="lane 1 broke"):
+        run_batch_loops(
+            [steady, failing],
+            stop=StopSignal(),
+            deadline=Deadline(60),
+            budget=BatchBudget(None),
+            grace_seconds=1,
+        )
+    # lane 0 (endless on its own) returned: no batch of it started once the crew was stopped
+    assert not any(seen)
+
+
+@pytest.mark.parametrize(
+    ("reasons", "expected"),
+    [
+        ([StopReason.DRAINED, StopReason.DRAINED], StopReason.DRAINED),
+        ([StopReason.DRAINED, StopReason.MAX_BATCHES], StopReason.MAX_BATCHES),
+        ([StopReason.MAX_BATCHES, StopReason.MAX_DURATION], StopReason.MAX_DURATION),
+        ([StopReason.MAX_DURATION, StopReason.CANCELLED], StopReason.CANCELLED),
+    ],
+)
+def test_the_crew_reports_its_strongest_stop_reason(reasons, expected):
+    assert strongest_stop_reason(reasons) is expected

@@ -1,0 +1,109 @@
+"""Every job's command line, written once: run a job without Airflow.
+
+``python -m include.pin_maintenance.jobs.<job> --db-url ... [--config JSON] [--dry-run]``
+
+Exit codes, the same for every job: 0 done (the result printed as one JSON line on stdout),
+1 the run failed (database, service or batch failure; nothing printed on stdout), 2 invalid
+arguments or config (nothing written: the config is checked before anything connects),
+3 cancelled by SIGTERM after a clean stop between batches. Log lines go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
+from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.db import Connect, SessionSettings, configured
+from include.pin_maintenance.lifecycle import CONFIG_INVALID, JobSpec, describe_error
+from include.pin_maintenance.runloop import JobCancelled, StopSignal
+from include.pin_maintenance.telemetry import JobLog, Telemetry
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """What a job's CLI body gets: parsed arguments, validated config and the run's parts."""
+
+    args: argparse.Namespace
+    config: dict[str, Any]
+    connect: Connect
+    telemetry: Telemetry
+    stop: StopSignal
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class JobCli:
+    """One job's CLI: its spec, what its database is, its own arguments and its run."""
+
+    spec: JobSpec
+    module: str  # ``python -m`` path, for the usage line
+    database: str  # e.g. "calendar database", for --db-url's help
+    description: str
+    session: SessionSettings
+    run: Callable[[CliRun], Mapping[str, Any]]  # returns the result dict to print
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+
+def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
+    """Parse, validate, run once; print the result and return the exit code."""
+    # Not __name__: under ``python -m`` that is "__main__" (the usage line must be pasteable).
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {cli.module}",
+        description=cli.description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_db_arguments(parser, what=cli.database)
+    parser.add_argument(
+        "--config", default=None, help='JSON object of config keys, e.g. {"batch_size": 100}'
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="report what would change; change nothing"
+    )
+    parser.add_argument("--run-id", default=None, help="correlation id of the log lines")
+    if cli.add_arguments is not None:
+        cli.add_arguments(parser)
+    args = parser.parse_args(argv)
+    conninfo = db_conninfo(parser, args)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
+    )
+    log = JobLog(cli.spec.job, args.run_id or f"cli__{uuid.uuid4().hex[:12]}")
+    try:
+        config = cli.spec.config.resolve(args.config, None, variable_source="--config")
+    except ConfigError as exc:
+        log.error(CONFIG_INVALID, error=str(exc))
+        return EXIT_USAGE
+    stop = StopSignal()
+    run = CliRun(
+        args=args,
+        config=config,
+        connect=configured(lambda: psycopg.connect(conninfo), cli.session),
+        telemetry=Telemetry.local(log),
+        stop=stop,
+        dry_run=args.dry_run,
+    )
+    try:
+        with stop.on_sigterm():
+            result = cli.run(run)
+    except JobCancelled:
+        return EXIT_CANCELLED  # the lifecycle logged job_cancelled
+    except ConfigError as exc:
+        log.error(CONFIG_INVALID, error=str(exc))
+        return EXIT_USAGE
+    except Exception as exc:  # the lifecycle logged job_failed; this line is for a terminal
+        print(describe_error(exc), file=sys.stderr)
+        return EXIT_FAILED
+    print(json.dumps(dict(result), sort_keys=True, default=str), flush=True)
+    return EXIT_OK
