@@ -213,6 +213,7 @@ def run_batch_loops(
     deadline: Deadline,
     budget: BatchBudget,
     grace_seconds: float,
+    pace: Callable[[Lane, float], None] | None = None,
 ) -> StopReason:
     """Run one batch loop per lane (:func:`run_lanes`) and return why the crew stopped.
 
@@ -221,6 +222,8 @@ def run_batch_loops(
     deadline (except for the crew's first batch, so a run always makes progress) and on the
     shared budget. The crew's reason is the strongest of its loops': cancelled, then a
     bound, then drained. A sibling's failure is re-raised by :func:`run_lanes`.
+    ``pace(lane, batch_seconds)`` runs after each full batch, before the next one is taken:
+    where a job waits for the database's other users (:mod:`pacing`).
     """
 
     def loop(lane: Lane, batch: Callable[[Lane], bool]) -> StopReason:
@@ -231,8 +234,11 @@ def run_batch_loops(
                 return StopReason.MAX_DURATION
             if not budget.take():
                 return StopReason.MAX_BATCHES
+            started = time.monotonic()
             if not batch(lane):
                 return StopReason.DRAINED
+            if pace is not None:
+                pace(lane, time.monotonic() - started)
 
     lanes = [lambda lane, batch=batch: loop(lane, batch) for batch in batches]
     reasons = run_lanes(lanes, stop=stop, deadline=deadline, grace_seconds=grace_seconds)

@@ -17,26 +17,38 @@ class StopSignal:
     """A thread-safe "please stop" flag, set by SIGTERM or by a caller.
 
     A signal made with a ``parent`` is also set while its parent is: a job's side loops stop
-    on the run's own stop (SIGTERM) or on their own (a sibling loop failed).
+    on the run's own stop (SIGTERM) or on their own (a sibling loop failed). A parent sets its
+    children's events too, so :meth:`wait` on a child wakes on either.
     """
 
     def __init__(self, parent: StopSignal | None = None) -> None:
         self._event = threading.Event()
         self._reason = ""
         self._parent = parent
+        self._children: list[StopSignal] = []
+        if parent is not None:
+            parent._children.append(self)
+            if parent.is_set():
+                self._event.set()
 
     @property
     def reason(self) -> str:
-        if self._event.is_set() or self._parent is None:
+        if self._reason or self._parent is None:
             return self._reason
         return self._parent.reason
 
     def set(self, reason: str = "stop requested") -> None:
         self._reason = reason
         self._event.set()
+        for child in list(self._children):
+            child._event.set()
 
     def is_set(self) -> bool:
         return self._event.is_set() or (self._parent is not None and self._parent.is_set())
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` or until the signal is set; True when it is set."""
+        return self._event.wait(max(0.0, seconds)) or self.is_set()
 
     @contextmanager
     def on_sigterm(self) -> Iterator[StopSignal]:

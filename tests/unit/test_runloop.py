@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 from include.pin_maintenance.runloop import StopSignal
 
@@ -38,3 +40,16 @@ def test_a_child_signal_follows_its_parent_but_not_the_other_way():
     sibling.set("runner 2 failed")
     assert sibling.is_set() and sibling.reason == "runner 2 failed"
     assert not other_run.is_set() and other_run.reason == ""
+
+
+def test_wait_wakes_on_the_signal_or_on_its_parent():
+    run = StopSignal()
+    loop = StopSignal(parent=run)
+    assert loop.wait(0.01) is False
+    threading.Timer(0.05, run.set, args=("SIGTERM received",)).start()
+    started = time.monotonic()
+    assert loop.wait(10) is True
+    assert time.monotonic() - started < 5
+    assert loop.reason == "SIGTERM received"
+    late = StopSignal(parent=run)  # made after its parent was set
+    assert late.wait(0) is True

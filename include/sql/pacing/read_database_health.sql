@@ -1,0 +1,17 @@
+-- The pacing probe (include/pin_maintenance/pacing.py): this server's WAL position, the slowest
+-- streaming replica's replay position and lag, and how many other client sessions run a
+-- statement now. Replicas' positions and other roles' sessions read as null / 0 to a role
+-- without pg_read_all_stats.
+select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') as wal_bytes,
+       (select min(pg_wal_lsn_diff(replay_lsn, '0/0'))
+          from pg_stat_replication
+         where state in ('streaming', 'catchup')) as replay_bytes,
+       (select extract(epoch from max(replay_lag))
+          from pg_stat_replication
+         where state in ('streaming', 'catchup')) as replay_lag_seconds,
+       (select count(*)
+          from pg_stat_activity
+         where backend_type = 'client backend'
+           and state = 'active'
+           and pid <> pg_backend_pid()
+           and application_name is distinct from %(own_application)s) as others_active

@@ -1,0 +1,138 @@
+"""Pacing's signals on a real server, raised by real sessions (no replica here: see
+test_pacing_replica.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from psycopg import sql as psql
+
+from include.pin_maintenance.pacing import (
+    PROBE_INTERVAL_SECONDS,
+    REASON_NEIGHBOUR_LATENCY,
+    Pacer,
+    PacingLimits,
+)
+from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
+
+pytestmark = pytest.mark.integration
+
+CPU_HOG = "select count(*) from generate_series(1, 3000000)"
+WAL_HOG = (
+    "insert into calendar.availability_slots (id, tenant_id, consultant_id, start_at, end_at,"
+    " status, version, created_at, updated_at) select gen_random_uuid(), gen_random_uuid(),"
+    " gen_random_uuid(), now(), now(), 'Booked', 1, now(), now() from generate_series(1, 20000)"
+)
+
+
+def pacer(limits: PacingLimits, metrics: RecordingMetrics | None = None) -> Pacer:
+    telemetry = Telemetry.local(JobLog("pacing_test", "run-1"), metrics or RecordingMetrics())
+    return Pacer(
+        limits,
+        telemetry,
+        paced_metric="pacing_test_paced_seconds",
+        own_application="pin-pacing-test",
+        deadline_remaining=lambda: 60.0,
+    )
+
+
+@contextmanager
+def busy(url: str, statements: list[str]) -> Iterator[None]:
+    """Real sessions that keep the server busy (CPU and WAL) until the block ends."""
+    stop = threading.Event()
+
+    def work(statement: str) -> None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute(statement)
+
+    threads = [threading.Thread(target=work, args=(s,), daemon=True) for s in statements]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.0)  # under way before the first probe
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+
+
+def probe_until(pacer: Pacer, conn: psycopg.Connection, condition, seconds: float) -> bool:
+    """Call the loop's hook as a drain would (a 50 ms batch each time) until ``condition``."""
+    pacer.connections[0] = conn
+    stop = StopSignal()
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        pacer.after_batch(0, stop, 0.05)
+        if condition():
+            return True
+        time.sleep(PROBE_INTERVAL_SECONDS)
+    return False
+
+
+def test_a_busy_database_paces_the_loop_and_an_idle_one_lets_it_go(db, caplog):
+    caplog.set_level(logging.INFO)
+    metrics = RecordingMetrics()
+    paced = pacer(PacingLimits(max_replica_lag_seconds=0, max_neighbour_slowdown=2), metrics)
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        paced.start(conn)
+        with busy(db.url, [CPU_HOG] * 4 + [WAL_HOG] * 2):
+            assert probe_until(paced, conn, lambda: paced._nice > 0, 60), "never paced"
+            probe_until(paced, conn, lambda: False, 2)  # a few paced batches
+        assert probe_until(paced, conn, lambda: paced._nice == 0, 60), "never resumed"
+    assert paced.totals.seconds[REASON_NEIGHBOUR_LATENCY] > 0
+    assert metrics.timings["pacing_test_paced_seconds.neighbour_latency"]
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(
+        line.startswith("event=job_paced ") and "reason=neighbour_latency" in line for line in lines
+    ), lines
+    assert any(line.startswith("event=job_resumed ") for line in lines)
+
+
+def test_an_idle_database_is_never_paced(db):
+    paced = pacer(PacingLimits(max_replica_lag_seconds=2, max_neighbour_slowdown=2))
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        paced.start(conn)
+        probe_until(paced, conn, lambda: False, 3)
+    assert paced.totals.total == 0
+
+
+def test_a_role_without_pg_monitor_runs_with_the_canary_alone_and_one_warning(
+    db, pg_admin_url, caplog
+):
+    caplog.set_level(logging.INFO)
+    role = f"pin_pacing_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+        admin.execute(psql.SQL("create role {} login").format(psql.Identifier(role)))
+    try:
+        with psycopg.connect(db.url, user=role, autocommit=True) as conn:
+            paced = pacer(PacingLimits(max_replica_lag_seconds=2, max_neighbour_slowdown=2))
+            paced.start(conn)
+            probe_until(paced, conn, lambda: False, 1)
+            reading = paced._last
+        assert reading is not None and reading.others_active is None
+        warnings = [
+            r.getMessage() for r in caplog.records if "pacing_signal_unavailable" in r.getMessage()
+        ]
+        assert len(warnings) == 1 and "pg_read_all_stats" in warnings[0]
+    finally:
+        with psycopg.connect(pg_admin_url, autocommit=True) as admin:
+            admin.execute(psql.SQL("drop role {}").format(psql.Identifier(role)))
+
+
+def test_pacing_off_reads_nothing(db):
+    paced = pacer(PacingLimits(max_replica_lag_seconds=0, max_neighbour_slowdown=0))
+    with psycopg.connect(db.url, autocommit=True) as conn:
+        paced.start(conn)
+        paced.connections[0] = conn
+        paced.after_batch(0, StopSignal(), 0.05)
+    assert paced._last is None and paced.totals.total == 0

@@ -1,0 +1,94 @@
+"""Pacing's rules on recorded readings (pure; no DB)."""
+
+from __future__ import annotations
+
+import pytest
+
+from include.pin_maintenance.pacing import (
+    CANARY_SLACK_SECONDS,
+    NICE_MAX,
+    NICE_START,
+    PaceTotals,
+    PacingLimits,
+    Reading,
+    canary_slow,
+    next_nice,
+    replica_lag_seconds,
+)
+
+
+def reading(at: float, wal: int, replay: int | None, replay_lag: float | None = None) -> Reading:
+    return Reading(at, wal, replay, replay_lag, others_active=1, canary_seconds=None)
+
+
+HISTORY = [(0.0, 100), (1.0, 200), (2.0, 300), (3.0, 400)]
+
+
+def test_no_replica_no_lag():
+    assert replica_lag_seconds(HISTORY, reading(4.0, 500, None)) == 0.0
+
+
+def test_a_replica_that_replayed_everything_the_job_saw_is_not_behind():
+    assert replica_lag_seconds(HISTORY, reading(4.0, 500, 400)) == 0.0
+
+
+def test_a_stuck_replay_ages_with_the_first_position_past_it():
+    # replay stopped at 250: the WAL past it was written no earlier than the sample at 2.0
+    assert replica_lag_seconds(HISTORY, reading(9.0, 900, 250)) == pytest.approx(7.0)
+
+
+def test_the_servers_own_replay_lag_counts_when_it_is_larger():
+    assert replica_lag_seconds(HISTORY, reading(4.0, 500, 400, replay_lag=2.5)) == 2.5
+
+
+def test_a_replica_behind_since_before_the_first_sample_is_at_least_that_old():
+    assert replica_lag_seconds(HISTORY, reading(10.0, 900, 50)) == pytest.approx(10.0)
+
+
+def test_the_sleep_multiple_doubles_while_slow_and_decays_when_healthy():
+    nice = 0.0
+    seen = []
+    for _ in range(8):
+        nice = next_nice(nice, slow=True)
+        seen.append(nice)
+    assert seen[0] == NICE_START
+    assert seen[1] == 2 * NICE_START
+    assert seen[-1] == NICE_MAX  # capped
+    for _ in range(30):
+        nice = next_nice(nice, slow=False)
+    assert nice == 0.0  # decays to none, not to a residue
+
+
+@pytest.mark.parametrize(
+    ("recent_ms", "baseline_ms", "limit", "slow"),
+    [
+        ([1.0, 1.1, 0.9, 1.0, 1.2], 1.0, 2.0, False),  # as before the run
+        ([2.4, 2.6, 2.5, 2.4, 2.3], 1.0, 2.0, False),  # over 2x, within the slack
+        ([3.0, 3.1, 2.9, 3.2, 3.0], 1.0, 2.0, True),  # the mean is over 2x + slack
+        ([9.0, 1.0, 1.0, 1.0, 1.0], 1.0, 2.0, True),  # a tail moves the mean: the services feel it
+        ([2.0, 1.0, 1.0, 1.0, 1.0], 1.0, 2.0, False),  # a small outlier does not
+        ([0.3, 0.3, 0.3, 0.3, 0.3], 0.1, 2.0, False),  # 3x, but 0.2 ms apart: nobody feels it
+        ([9.0, 9.0, 9.0, 9.0, 9.0], 1.0, 0.0, False),  # the signal is off
+    ],
+)
+def test_a_slow_canary_is_its_recent_mean_over_the_limit(recent_ms, baseline_ms, limit, slow):
+    recent = [ms / 1000 for ms in recent_ms]
+    assert canary_slow(recent, baseline_ms / 1000, limit) is slow
+
+
+def test_the_slack_is_sub_millisecond():
+    assert CANARY_SLACK_SECONDS < 0.001
+
+
+def test_limits_from_config_and_off():
+    assert PacingLimits.from_config({}).off
+    limits = PacingLimits.from_config({"max_replica_lag_seconds": 2, "max_neighbour_slowdown": 0})
+    assert not limits.off and limits.max_replica_lag_seconds == 2.0
+
+
+def test_totals_name_the_reason_that_paced_longest():
+    totals = PaceTotals()
+    assert totals.main_reason() == "none"
+    totals.seconds["replica_lag"] += 1.5
+    totals.seconds["neighbour_latency"] += 0.5
+    assert totals.main_reason() == "replica_lag" and totals.total == 2.0
