@@ -102,9 +102,11 @@ def replica_lag_seconds(history: Sequence[tuple[float, int]], reading: Reading) 
     ``history`` holds (time, WAL byte position) samples of earlier probes, oldest first. The
     oldest WAL not yet replayed was written after the last sample at or before the replay
     position, so the age of the first sample past it is a lower bound of the lag; the server's
-    own ``replay_lag`` is another, and the larger one counts.
+    own ``replay_lag`` is another, and the larger one counts. A replica that has replayed all
+    the WAL of the reading is not behind, whatever ``replay_lag`` still shows: it keeps its
+    last measurement for a while after a replica caught up.
     """
-    if reading.replay_bytes is None:
+    if reading.replay_bytes is None or reading.replay_bytes >= reading.wal_bytes:
         return 0.0
     lag = max(reading.replay_lag_seconds or 0.0, 0.0)
     for at, position in history:

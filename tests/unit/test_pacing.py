@@ -32,13 +32,17 @@ def test_a_replica_that_replayed_everything_the_job_saw_is_not_behind():
     assert replica_lag_seconds(HISTORY, reading(4.0, 500, 400)) == 0.0
 
 
+def test_a_caught_up_replica_is_not_behind_whatever_its_stale_replay_lag_says():
+    assert replica_lag_seconds(HISTORY, reading(4.0, 500, 500, replay_lag=5.5)) == 0.0
+
+
 def test_a_stuck_replay_ages_with_the_first_position_past_it():
     # replay stopped at 250: the WAL past it was written no earlier than the sample at 2.0
     assert replica_lag_seconds(HISTORY, reading(9.0, 900, 250)) == pytest.approx(7.0)
 
 
 def test_the_servers_own_replay_lag_counts_when_it_is_larger():
-    assert replica_lag_seconds(HISTORY, reading(4.0, 500, 400, replay_lag=2.5)) == 2.5
+    assert replica_lag_seconds(HISTORY, reading(4.0, 500, 450, replay_lag=2.5)) == 2.5
 
 
 def test_a_replica_behind_since_before_the_first_sample_is_at_least_that_old():
