@@ -159,7 +159,7 @@ def test_a_database_failure_during_isolation_writes_nothing_and_fails_the_run(
     assert statuses(slots_db) == {"Available": 50}  # the batch rolled back whole
     messages = [r.getMessage() for r in caplog.records]
     assert any("event=batch_isolating" in m for m in messages)
-    assert any("event=cycle_failed" in m and "57P01" in m for m in messages)
+    assert any("event=job_failed" in m and "57P01" in m for m in messages)
     assert run.metrics.counters[se.M_ERRORS] == 1
     assert run.alerts.sent == []  # no row was found poison: the isolation never finished
     assert se.M_LAST_SUCCESS not in run.metrics.gauges
