@@ -69,6 +69,7 @@ from include.pin_maintenance.jobs.slot_expiration_config import (  # noqa: F401 
     JOB,
 )
 from include.pin_maintenance.lifecycle import (
+    MAX_ROW_ALERTS_PER_RUN,
     CappedAlerts,
     JobMetrics,
     JobRun,
@@ -92,7 +93,8 @@ SESSION = SessionSettings(
     synchronous_commit="off",
 )
 
-# Metric names are a contract (BRIEF / seed "Наблюдаемость"); do not rename.
+# Metric names are a contract (BRIEF / seed "Наблюдаемость"); do not rename. M_ERRORS lives
+# with the batch, which counts the poison slots.
 M_CYCLE_DURATION = "calendar_slot_expiration_cycle_duration_seconds"
 M_ITEMS = "calendar_slot_expiration_items_total"
 M_BACKLOG = "calendar_slot_expiration_backlog"
@@ -111,7 +113,7 @@ SPEC = JobSpec(
 
 # A trigger that rejects every row would otherwise raise one alert per slot; past this many in
 # one cycle the rest are only logged and counted (errors_total keeps the true number).
-MAX_POISON_ALERTS_PER_CYCLE = 20
+MAX_POISON_ALERTS_PER_CYCLE = MAX_ROW_ALERTS_PER_RUN
 
 # A loop still in a statement when the cycle is cancelled stops within the statement timeout
 # (the cancel hook interrupts it at once; this is the bound if the server does not answer).
@@ -263,7 +265,7 @@ def _expire(
         stop_reason=stop_reason.value,
         poison=tuple(cycle.poison),
         backlog=backlog,
-        runners=loops.count,
+        runners=loops.started,
     )
 
 
@@ -319,12 +321,18 @@ class BatchLoops:
         self.deadline, self.runners, self.max_batches = deadline, runners, max_batches
         self.budget = BatchBudget(max_batches)
         self.alerts = CappedAlerts(telemetry.alerts, cap=MAX_POISON_ALERTS_PER_CYCLE)
-        self.positions = [KeysetPosition(1)]  # one per loop started
-        self.count = 1  # loops started: the first runs on the caller's thread
+        self.positions = [KeysetPosition(1)]  # one per loop started; the first's is the caller's
+
+    @property
+    def started(self) -> int:
+        """Loops started (the result's ``Runners``)."""
+        return len(self.positions)
 
     def run(self, conn: psycopg.Connection) -> StopReason:
         if self.stop.is_set():
             return StopReason.CANCELLED
+        # The first batch alone decides whether side loops are worth their connections: a
+        # short one (nothing more due, the usual cycle) opens none.
         self.budget.take()
         if not run_batch(conn, self.cycle, self.positions[0], self.telemetry, self.alerts):
             return StopReason.DRAINED
@@ -333,7 +341,6 @@ class BatchLoops:
         for number, side_conn in enumerate(side, start=2):
             self.positions.append(KeysetPosition(number))
             batches.append(self._batches(side_conn, self.positions[-1], otel_context.get_current()))
-        self.count = len(batches)
         try:
             return run_batch_loops(
                 batches,
