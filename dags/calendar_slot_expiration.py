@@ -30,7 +30,7 @@ backlog), `runners` (2, 1..8 batch loops in drain mode, one connection each; 1 =
 on one connection), `max_run_duration_seconds` (30, > 0; no new batch starts after it, the rest
 waits for the next cycle), `dry_run` (count what would expire, change nothing).
 
-**Result** (task return value and the `cycle_completed` log line): `ExpiredCount`,
+**Result** (task return value and the `job_completed` log line): `ExpiredCount`,
 `SkippedLockedCount` (due slots a batch passed over because an in-flight booking or another
 instance held them; when the cycle stops on a bound, only those before the furthest point its
 index walk reached, never the backlog it did not reach),
@@ -47,7 +47,7 @@ index walk reached, never the backlog it did not reach),
   its latest scheduled tick at once, a real run ahead of the dry run (`catchup=False`;
   `run_immediately` does not change that). Preview a paused DAG in-process instead (one run,
   the DAG stays paused): `airflow dags test calendar_slot_expiration --conf '{"dry_run": true}'`.
-- *Backlog grows / `_backlog` > 5000 for long*: check the task log's `cycle_completed` line.
+- *Backlog grows / `_backlog` > 5000 for long*: check the task log's `job_completed` line.
   `stop_reason=max_batches` every cycle means the backlog grows faster than `batch_size` per
   cycle: raise `max_batches_per_cycle` (drain mode, with `runners`) or `batch_size` in the
   Variable; `stop_reason=max_duration` means raise `max_run_duration_seconds`; check the

@@ -6,7 +6,7 @@ Starts the same stack and drives the same page actions as the browser tests
 
 - ``dag-list.png``: the DAG list after login;
 - ``trigger-form.png``: the trigger dialog of ``calendar_slot_expiration`` with ``dry_run`` on;
-- ``run-report.png``: a finished real run of it, its task log with the ``cycle_completed`` report.
+- ``run-report.png``: a finished real run of it, its task log with the ``job_completed`` report.
 
 Needs Chromium (Debian's ``chromium``; installed through devtools/ensure_system_packages.sh
 when run as root). Takes about three minutes on the shared machine.
@@ -58,7 +58,7 @@ def shoot(stack_url: str, api: Api, out: Path) -> list[Path]:
         if run["state"] != "success":
             raise RuntimeError(f"{DAG} {triggered.run_id} ended {run['state']}")
         ui.page.set_viewport_size({"width": 1400, "height": 900})
-        ui.open_task_log(DAG, triggered.run_id, "expire_slots", expect="event=cycle_completed")
+        ui.open_task_log(DAG, triggered.run_id, "expire_slots", expect="event=job_completed")
         ui.wrap_log_lines()
         saved.append(ui.screenshot(out / "run-report.png"))
     return saved

@@ -63,7 +63,7 @@ def _closed_port_url() -> str:
 def test_slot_cli_exits_1_when_the_database_fails() -> None:
     done = cli("include.pin_maintenance.jobs.slot_expiration", "--db-url", _closed_port_url())
     assert done.returncode == 1, done.stderr
-    assert "event=cycle_started" in done.stderr
+    assert "event=job_started" in done.stderr
     assert done.stdout == ""  # no result printed
 
 

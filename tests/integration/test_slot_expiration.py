@@ -96,7 +96,7 @@ def test_due_slots_expire_at_as_of_with_version_plus_one_and_a_second_pass_chang
         assert (status, version, updated_at) == ("Expired", before[slot_id][1] + 1, NOW)
     assert after[future] == before[future]
     events = [r.getMessage().split()[0] for r in caplog.records]
-    assert events == ["event=cycle_started", "event=batch_selected", "event=cycle_completed"]
+    assert events == ["event=job_started", "event=batch_selected", "event=job_completed"]
     assert all("run_id=test-run" in r.getMessage() for r in caplog.records)
 
     second = run_job(slots_db)

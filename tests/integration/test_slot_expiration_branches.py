@@ -6,6 +6,7 @@
   ``1 + 2·k·ceil(log2 n)``; a fallback to one statement per row (n) fails it;
 * more than 20 poison rows in a cycle: 20 alerts, every one logged and counted;
 * the database failing during the isolation: nothing of the batch is written, the run fails;
+* a read-only database (a failover): the run fails at once, nothing is isolated or written;
 * no time left when the first batch comes back full: no side runner starts.
 """
 
@@ -17,6 +18,7 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from devtools.pg import Database
 from include.pin_maintenance.jobs import slot_expiration as se
@@ -29,6 +31,7 @@ from tests.integration.slot_expiration_fixtures import (
     new_run,
     run_job,
     statuses,
+    table_state,
 )
 
 pytestmark = pytest.mark.integration
@@ -159,10 +162,42 @@ def test_a_database_failure_during_isolation_writes_nothing_and_fails_the_run(
     assert statuses(slots_db) == {"Available": 50}  # the batch rolled back whole
     messages = [r.getMessage() for r in caplog.records]
     assert any("event=batch_isolating" in m for m in messages)
-    assert any("event=cycle_failed" in m and "57P01" in m for m in messages)
+    assert any("event=job_failed" in m and "57P01" in m for m in messages)
     assert run.metrics.counters[se.M_ERRORS] == 1
     assert run.alerts.sent == []  # no row was found poison: the isolation never finished
     assert se.M_LAST_SUCCESS not in run.metrics.gauges
+
+
+def test_a_read_only_database_fails_the_cycle_at_once_without_isolating(
+    slots_db: Database, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failover in progress (``default_transaction_read_only = on``): SQLSTATE 25006 is the
+    database, not a row, so the cycle fails on its first statement, bisects nothing and alerts
+    no poison slot."""
+    insert_due(slots_db, 30)
+    with slots_db.connect(autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("alter database {} set default_transaction_read_only = on").format(
+                sql.Identifier(slots_db.name)
+            )
+        )
+    before = table_state(slots_db)
+    run = new_run()
+
+    with caplog.at_level(logging.INFO, logger=LOGGER), pytest.raises(psycopg.Error) as err:
+        run_job(slots_db, {**DRAIN, "batch_size": 10, "runners": 2}, run=run)
+
+    assert err.value.sqlstate == "25006"
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "event=batch_isolating" in m]
+    assert not [m for m in messages if "event=batch_selected" in m]
+    [failed] = [m for m in messages if "event=job_failed" in m]
+    assert "25006" in failed and "expired_count=0" in failed, failed
+    assert run.alerts.sent == []
+    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert se.M_LAST_SUCCESS not in run.metrics.gauges
+    assert update_statements(slots_db) == 0  # the server ran no UPDATE: nothing bisected
+    assert table_state(slots_db) == before
 
 
 def test_no_side_runner_starts_when_the_first_batch_used_up_the_time(slots_db: Database) -> None:

@@ -85,7 +85,7 @@ def test_sigterm_mid_batch_commits_the_batch_in_hand_then_stops(slots_db: Databa
         _, err = proc.communicate(timeout=30)
 
     assert proc.returncode == 3, err
-    assert "event=cycle_cancelled" in err
+    assert "event=job_cancelled" in err
     state = table_state(slots_db)
     assert [state[i][:2] for i in ids] == [("Expired", 2)] * 10 + [("Available", 1)] * 20
     assert lock_all_nowait(slots_db) == 30

@@ -160,8 +160,8 @@ def test_a_real_run_reports_in_its_task_log(
     assert triggered.status == 200, triggered.body
     ui.leave()
     assert api.wait_run(dag_id, triggered.run_id)["state"] == "success"
-    log = ui.open_task_log(dag_id, triggered.run_id, task_id, expect="event=cycle_completed")
-    [line] = [x for x in log.splitlines() if "event=cycle_completed" in x]
+    log = ui.open_task_log(dag_id, triggered.run_id, task_id, expect="event=job_completed")
+    [line] = [x for x in log.splitlines() if "event=job_completed" in x]
     expired = int(re.search(r"expired_count=(\d+)", line).group(1))
     # the seed's bound: one batch (batch_size 500) per cycle by default; the rest waits
     assert 0 < expired <= 500, line

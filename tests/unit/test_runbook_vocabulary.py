@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from include.pin_maintenance import lifecycle
 from include.pin_maintenance.db import lock_key
 from include.pin_maintenance.jobs import activity_retention, snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
@@ -96,34 +97,114 @@ def _log_aliases(tree: ast.Module) -> set[str]:
 
 
 def _event_names(arg: ast.AST) -> list[str]:
-    """``"name"`` or ``"a" if ... else "b"``: the event names a log call can write."""
+    """``"name"``, ``"a" if ... else "b"`` or a lifecycle constant (``STARTED``): the event
+    names a log call can write."""
     options = [arg.body, arg.orelse] if isinstance(arg, ast.IfExp) else [arg]
     names = [o.value for o in options if isinstance(o, ast.Constant) and isinstance(o.value, str)]
+    names += [
+        getattr(lifecycle, o.id)
+        for o in options
+        if isinstance(o, ast.Name) and isinstance(getattr(lifecycle, o.id, None), str)
+    ]
     return [n for n in names if re.fullmatch(r"[a-z][a-z0-9_]*", n)]
+
+
+LIFECYCLE = Path(lifecycle.__file__).resolve()
+
+
+def _spreads_progress(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "progress" for n in ast.walk(node))
+
+
+def _lifecycle_methods() -> dict[str, tuple[str, set[str]]]:
+    """JobRun method -> (the event it logs, its own parameters): a job's call of the method
+    logs that event with the call's other keywords (``run.started(as_of=...)``)."""
+    (cls,) = [
+        n
+        for n in ast.walk(ast.parse(LIFECYCLE.read_text()))
+        if isinstance(n, ast.ClassDef) and n.name == "JobRun"
+    ]
+    methods = {}
+    for func in cls.body:
+        if not isinstance(func, ast.FunctionDef):
+            continue
+        params = {a.arg for a in func.args.args + func.args.kwonlyargs}
+        for node in ast.walk(func):
+            if isinstance(node, ast.Call) and _is_log_method(node.func) and node.args:
+                for event in _event_names(node.args[0]):
+                    methods[func.name] = (event, params)
+    return methods
+
+
+def _progress_fields(tree: ast.Module) -> set[str]:
+    """Fields a job puts in ``run.progress`` (``.update(k=...)`` or ``["k"] = ...``)."""
+    fields: set[str] = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "update"
+            and _spreads_progress(node.func.value)
+        ):
+            fields |= {kw.arg for kw in node.keywords if kw.arg}
+        if isinstance(node, ast.Assign):
+            fields |= {
+                t.slice.value
+                for t in node.targets
+                if isinstance(t, ast.Subscript)
+                and _spreads_progress(t.value)
+                and isinstance(t.slice, ast.Constant)
+            }
+    return fields
+
+
+def _log_calls(tree: ast.Module) -> list[tuple[str, list[ast.keyword]]]:
+    """(event, keywords) of each log call: ``log.info("name", ...)`` and its aliases, and a
+    job's call of a lifecycle method (``run.started(...)``: the method's event, the call's
+    keywords that are not the method's own parameters)."""
+    aliases = _log_aliases(tree)
+    methods = _lifecycle_methods()
+    calls = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in methods:
+            event, params = methods[func.attr]
+            calls.append((event, [kw for kw in node.keywords if kw.arg not in params]))
+        elif node.args and (
+            _is_log_method(func) or (isinstance(func, ast.Name) and func.id in aliases)
+        ):
+            calls += [(event, node.keywords) for event in _event_names(node.args[0])]
+    return calls
 
 
 @cache
 def logged_events() -> dict[str, dict[str, object]]:
-    """event name -> {field: constant value or None}; '**' in the fields if any are spread."""
+    """event name -> {field: constant value or None}; '**' in the fields if any are spread.
+
+    The lifecycle's own lines spread what the jobs give them: the keywords of a job's
+    ``run.started(...)`` / ``run.completed(...)`` / ... call, and the fields a job puts in
+    ``run.progress`` (on the lines that spread it); both are read from the jobs.
+    """
     events: dict[str, dict[str, object]] = {}
-    for _, tree in _trees():
-        aliases = _log_aliases(tree)
-        for node in ast.walk(tree):
-            if not (
-                isinstance(node, ast.Call)
-                and (
-                    _is_log_method(node.func)
-                    or (isinstance(node.func, ast.Name) and node.func.id in aliases)
-                )
-                and node.args
-            ):
-                continue
-            for event in _event_names(node.args[0]):
-                fields = events.setdefault(event, {})
-                for kw in node.keywords:
-                    name = kw.arg or "**"
-                    value = kw.value.value if isinstance(kw.value, ast.Constant) else None
-                    fields.setdefault(name, value)
+    with_progress: set[str] = set()
+    progress: set[str] = set()
+    for path, tree in _trees():
+        in_lifecycle = path.resolve() == LIFECYCLE
+        progress |= _progress_fields(tree)
+        for event, keywords in _log_calls(tree):
+            fields = events.setdefault(event, {})
+            for kw in keywords:
+                if in_lifecycle and kw.arg is None:  # the jobs' fields, read from the jobs
+                    if _spreads_progress(kw.value):
+                        with_progress.add(event)
+                    continue
+                value = kw.value.value if isinstance(kw.value, ast.Constant) else None
+                fields.setdefault(kw.arg or "**", value)
+    for event in with_progress:
+        for field in progress:
+            events[event].setdefault(field, None)
     return events
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.db import is_row_error
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
@@ -121,6 +122,7 @@ def test_validate_rejects_bad_configs_naming_the_key(config, key):
         ("40P01", False, "deadlock_detected"),
         ("40001", False, "serialization_failure"),
         ("55P03", False, "lock_not_available (lock_timeout)"),
+        ("25006", False, "read_only_sql_transaction: a failover in progress, every row alike"),
         ("53100", False, "disk_full"),
         ("42501", False, "insufficient_privilege: every row would fail"),
         ("42P01", False, "undefined_table"),
@@ -130,7 +132,8 @@ def test_validate_rejects_bad_configs_naming_the_key(config, key):
     ],
 )
 def test_error_classification(sqlstate, row_error, why):
-    assert se.is_row_error(sqlstate) is row_error, why
+    """The job isolates poison rows by the shared rule (db.is_row_error)."""
+    assert is_row_error(sqlstate) is row_error, why
 
 
 def test_result_dict_carries_the_seed_fields():
@@ -212,7 +215,7 @@ def test_unreachable_database_fails_the_cycle_and_counts_an_error(tmp_path):
 
 
 def test_a_poison_slot_met_by_two_runners_counts_once():
-    cycle = se._Cycle(as_of=datetime(2026, 6, 1, tzinfo=UTC), batch_size=10)
+    cycle = se.CycleState(as_of=datetime(2026, 6, 1, tzinfo=UTC), batch_size=10)
     first = se.PoisonSlot("slot-1", "P0001: rejected")
 
     assert cycle.batch_done(9, [first]) == (1, [first])

@@ -13,9 +13,9 @@ from include.pin_maintenance.telemetry import Alert, JobLog, LogOnlyAlerts
 def test_log_line_carries_event_job_and_run_id_first(caplog):
     log = JobLog("calendar_slot_expiration", "scheduled__2026-01-01T00:05:00+00:00")
     with caplog.at_level(logging.INFO):
-        log.info("cycle_completed", expired=3, duration_ms=12.5, note="two words")
+        log.info("job_completed", expired=3, duration_ms=12.5, note="two words")
     assert caplog.messages == [
-        "event=cycle_completed job=calendar_slot_expiration "
+        "event=job_completed job=calendar_slot_expiration "
         "run_id=scheduled__2026-01-01T00:05:00+00:00 expired=3 duration_ms=12.5 "
         'note="two words"'
     ]

@@ -9,10 +9,10 @@ allows; whatever is left waits for the next cycle. There is no global lock: para
 exactly one of them. Booked, Expired, Archived and future slots never match the predicate, so a
 second pass is a no-op (idempotent by state, no checkpoint).
 
-A cycle is itself up to ``runners`` such parallel runners: when its first batch comes back
+A cycle is itself up to ``runners`` such parallel batch loops: when its first batch comes back
 full (a backlog), it starts the others, each on its own connection, and they share the backlog
-through SKIP LOCKED. Each runner walks the index from the largest ``start_at`` it locked so far
-(a keyset), so a long backlog does not rescan what the cycle already expired.
+through SKIP LOCKED. Each loop walks the index from the largest ``start_at`` it locked so far
+(its keyset position), so a long backlog does not rescan what the cycle already expired.
 
 Failures:
 
@@ -21,10 +21,11 @@ Failures:
   savepoints. The good rows commit together; each poison slot is logged at ERROR with its id,
   counted in ``calendar_slot_expiration_errors_total``, alerted
   (``slot_expiration_poison_row``) and excluded for the rest of the cycle; the next cycle tries
-  it again.
-* An infrastructure failure (connection lost, statement or lock timeout, server shutdown) rolls
-  the batch back and fails the run; the next cycle retries the same, still Available, rows.
-  The other runners finish the batch in hand and stop first.
+  it again (the batch itself: :mod:`include.pin_maintenance.jobs.slot_expiration_batch`).
+* A database failure (connection lost, statement or lock timeout, server shutdown, a read-only
+  database during a failover: :func:`db.is_row_error`) rolls the batch back and fails the run
+  at once; the other loops' statements in flight are cancelled and their batches roll back
+  whole. The next cycle retries the same, still Available, rows.
 * Cancellation (SIGTERM) is checked between batches: the batch in hand commits or rolls back as
   a whole and its row locks go with the transaction.
 
@@ -38,46 +39,47 @@ The password comes from ``PGPASSWORD``, ``~/.pgpass`` / ``PGPASSFILE``, a servic
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import sys
-import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from opentelemetry import context as otel_context
-from opentelemetry import trace
 
-from include.pin_maintenance import sql
-from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
+from include.pin_maintenance import cli, sql
 from include.pin_maintenance.config import ConfigError
-from include.pin_maintenance.db import (
-    Connect,
-    SessionSettings,
-    configured,
-    require_server_connections,
+from include.pin_maintenance.db import Connect, SessionSettings, require_server_connections
+from include.pin_maintenance.jobs.slot_expiration_batch import (  # noqa: F401 (re-exported)
+    COUNT_CAP,
+    M_ERRORS,
+    MAX_SPAN_TENANTS,
+    POISON_ALERT,
+    CycleState,
+    KeysetPosition,
+    PoisonSlot,
+    run_batch,
 )
 from include.pin_maintenance.jobs.slot_expiration_config import (  # noqa: F401 (re-exported)
     CONFIG,
     CONN_ID,
     JOB,
 )
-from include.pin_maintenance.parallel import Deadline, Lane, run_lanes
-from include.pin_maintenance.runloop import JobCancelled, StopReason, StopSignal
-from include.pin_maintenance.telemetry import (
-    Alert,
-    JobLog,
-    Telemetry,
-    error_code,
-    set_result,
+from include.pin_maintenance.lifecycle import (
+    MAX_ROW_ALERTS_PER_RUN,
+    CappedAlerts,
+    JobMetrics,
+    JobRun,
+    JobSpec,
+    describe_error,
+    job_run,
 )
+from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
+from include.pin_maintenance.runloop import StopReason, StopSignal
+from include.pin_maintenance.telemetry import Telemetry
 
 # One statement never runs longer than this; a slow batch is an infrastructure failure.
 # A batch commit need not wait for the WAL flush: a commit lost in a server crash only leaves its
@@ -91,53 +93,31 @@ SESSION = SessionSettings(
     synchronous_commit="off",
 )
 
-# Metric names are a contract (BRIEF / seed "Наблюдаемость"); do not rename.
+# Metric names are a contract (BRIEF / seed "Наблюдаемость"); do not rename. M_ERRORS lives
+# with the batch, which counts the poison slots.
 M_CYCLE_DURATION = "calendar_slot_expiration_cycle_duration_seconds"
 M_ITEMS = "calendar_slot_expiration_items_total"
 M_BACKLOG = "calendar_slot_expiration_backlog"
 M_SKIP_LOCKED = "calendar_slot_expiration_skip_locked_total"
-M_ERRORS = "calendar_slot_expiration_errors_total"
 M_LAST_SUCCESS = "calendar_slot_expiration_last_success_timestamp_seconds"
 
-POISON_ALERT = "slot_expiration_poison_row"
+SPEC = JobSpec(
+    job=JOB,
+    config=CONFIG,
+    metrics=JobMetrics(
+        counters=(M_ITEMS, M_SKIP_LOCKED, M_ERRORS),
+        duration=M_CYCLE_DURATION,
+        last_success=M_LAST_SUCCESS,
+    ),
+)
+
 # A trigger that rejects every row would otherwise raise one alert per slot; past this many in
 # one cycle the rest are only logged and counted (errors_total keeps the true number).
-MAX_POISON_ALERTS_PER_CYCLE = 20
-ERROR_TEXT_LIMIT = 300
-# Counts (backlog, skipped, dry run) stop here so a huge backlog costs a bounded index range
-# read; the backlog alert fires at 5000, far below.
-COUNT_CAP = 1_000_000
-# A batch span names at most this many of the tenants it touched (plus their count).
-MAX_SPAN_TENANTS = 20
+MAX_POISON_ALERTS_PER_CYCLE = MAX_ROW_ALERTS_PER_RUN
 
-# SQLSTATE classes that mean "the database or our session is unwell", not "this row is bad":
-# connection (08), resources (53), operator intervention incl. statement timeout and shutdown
-# (57), system (58), transaction rollback incl. deadlock/serialization (40), internal (XX),
-# config/file (F0), plus lock_not_available (55P03, lock_timeout) and syntax/privilege (42:
-# a statement that cannot run at all fails every row alike, so bisecting it is pointless).
-_INFRASTRUCTURE_CLASSES = frozenset({"08", "40", "42", "53", "57", "58", "F0", "XX"})
-_INFRASTRUCTURE_STATES = frozenset({"55P03", "55000", "55006"})
-
-
-def is_row_error(sqlstate: str | None) -> bool:
-    """True when a failed batch statement may be caused by individual rows (isolate them).
-
-    Data exceptions (22: out of range, invalid value), integrity violations (23: check, not
-    null, unique, foreign key), exceptions raised by triggers (P0) and other statement-level
-    errors are row errors. A missing SQLSTATE means the client lost the server: infrastructure.
-    """
-    if not sqlstate or len(sqlstate) != 5:
-        return False
-    if sqlstate in _INFRASTRUCTURE_STATES:
-        return False
-    return sqlstate[:2] not in _INFRASTRUCTURE_CLASSES
-
-
-@dataclass(frozen=True)
-class PoisonSlot:
-    slot_id: str
-    error: str  # class, SQLSTATE and the server's message: for the log line
-    code: str = ""  # class and SQLSTATE only: for the alert (telemetry.error_code)
+# A loop still in a statement when the cycle is cancelled stops within the statement timeout
+# (the cancel hook interrupts it at once; this is the bound if the server does not answer).
+STOP_GRACE_SECONDS = SESSION.statement_timeout_ms / 1000 + 5
 
 
 @dataclass(frozen=True)
@@ -196,58 +176,14 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     return values
 
 
-@dataclass
-class _Cycle:
-    """State of one cycle, shared by its runners (each in its own thread)."""
-
-    as_of: datetime
-    batch_size: int
-    expired: int = 0
-    batches: int = 0
-    poison: list[PoisonSlot] = field(default_factory=list)
-    alerts_sent: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    @property
-    def excluded_ids(self) -> list[str]:
-        with self._lock:
-            return [p.slot_id for p in self.poison]
-
-    def params(self) -> dict[str, Any]:
-        return {
-            "as_of": self.as_of,
-            "batch_size": self.batch_size,
-            "excluded_ids": self.excluded_ids,
-            "count_cap": COUNT_CAP,
-        }
-
-    def batch_done(
-        self, expired: int, poison: Sequence[PoisonSlot]
-    ) -> tuple[int, list[PoisonSlot]]:
-        """Count one batch; return its number in the cycle (1-based) and the poison slots new
-        to the cycle (two runners can both meet a slot before either has excluded it)."""
-        with self._lock:
-            self.expired += expired
-            known = {p.slot_id for p in self.poison}
-            new = [p for p in poison if p.slot_id not in known]
-            self.poison.extend(new)
-            self.batches += 1
-            return self.batches, new
-
-    def may_alert(self) -> bool:
-        with self._lock:
-            if self.alerts_sent >= MAX_POISON_ALERTS_PER_CYCLE:
-                return False
-            self.alerts_sent += 1
-            return True
-
-
-@dataclass
-class _Runner:
-    """One batch loop of a cycle and its keyset: the largest start_at it locked so far."""
-
-    number: int
-    after: datetime | None = None
+def server_connections(config: Mapping[str, Any]) -> int:
+    """Server connections a cycle holds at once with ``config`` (docs/deploying.md, "Behind a
+    pooler"): one per batch loop; the side loops exist only when a cycle may take more than one
+    batch. No lock connection (the seed has no global lock)."""
+    values = validate(config)
+    if int(values["max_batches_per_cycle"]) <= 1:
+        return 1
+    return int(values["runners"])
 
 
 def run(
@@ -267,84 +203,82 @@ def run(
     :class:`JobCancelled` after a clean stop between batches, and the database error after
     rolling back the batch in hand when the database fails.
     """
-    with telemetry.run_span(f"{JOB} run") as span:
-        result = _cycle(connect, config, telemetry, stop, dry_run=dry_run, now=now, clock=clock)
-        set_result(span, result.as_dict())
+    values = validate(config)
+    with job_run(SPEC, telemetry) as job:
+        started = clock()
+        cycle = CycleState(as_of=now(), batch_size=int(values["batch_size"]))
+        job.started(
+            as_of=cycle.as_of.isoformat(),
+            batch_size=cycle.batch_size,
+            runners=values["runners"],
+            max_run_duration_seconds=values["max_run_duration_seconds"],
+            dry_run=dry_run,
+        )
+        try:
+            with _session(connect) as conn:
+                if dry_run:
+                    return _dry_run(conn, cycle, job, started=started, clock=clock, now=now)
+                loops = BatchLoops(
+                    connect,
+                    cycle,
+                    telemetry,
+                    stop,
+                    deadline=Deadline(float(values["max_run_duration_seconds"]), clock=clock),
+                    runners=int(values["runners"]),
+                    max_batches=int(values["max_batches_per_cycle"]),
+                )
+                result = _expire(conn, loops, started=started, clock=clock, now=now)
+        except BaseException as exc:  # the batch in hand rolled back; job_run logs job_failed
+            if isinstance(exc, psycopg.Error):
+                telemetry.metrics.incr(M_ERRORS)
+            job.progress.update(expired_count=cycle.expired, duration_ms=_ms(clock() - started))
+            raise
+        _completed(job, result)
+        if result.stop_reason == StopReason.CANCELLED:
+            job.progress.update(expired_count=result.expired_count, duration_ms=result.duration_ms)
+            raise job.cancelled(
+                stop.reason or StopReason.CANCELLED.value,
+                f"{JOB}: {stop.reason}; {result.expired_count} slots expired",
+            )
         return result
 
 
-def _cycle(
-    connect: Connect,
-    config: Mapping[str, Any],
-    telemetry: Telemetry,
-    stop: StopSignal,
+def _expire(
+    conn: psycopg.Connection,
+    loops: BatchLoops,
     *,
-    dry_run: bool,
-    now: Callable[[], datetime],
+    started: float,
     clock: Callable[[], float],
+    now: Callable[[], datetime],
 ) -> ExpirationResult:
-    values = validate(config)
-    log, metrics = telemetry.log, telemetry.metrics
-    started = clock()
-    as_of = now()
-    cycle = _Cycle(as_of=as_of, batch_size=int(values["batch_size"]))
-    log.info(
-        "cycle_started",
-        as_of=as_of.isoformat(),
-        batch_size=cycle.batch_size,
-        runners=values["runners"],
-        max_run_duration_seconds=values["max_run_duration_seconds"],
-        dry_run=dry_run,
-    )
-    # Every counter exists at 0 before the cycle's first event: statsd_exporter creates a
-    # series at its first value, and Prometheus sees no rise in a series that starts above 0.
-    for counter in (M_ITEMS, M_SKIP_LOCKED, M_ERRORS):
-        metrics.incr(counter, 0)
-
-    try:
-        with _session(connect) as conn:
-            if dry_run:
-                return _dry_run(conn, cycle, telemetry, started=started, clock=clock, now=now)
-            team = _Team(
-                connect,
-                cycle,
-                telemetry,
-                stop,
-                deadline=Deadline(float(values["max_run_duration_seconds"]), clock=clock),
-                runners=int(values["runners"]),
-                max_batches=int(values["max_batches_per_cycle"]),
-            )
-            stop_reason = team.run(conn)
-            skipped = _count(conn, "slots/count_skipped_slots", team.skipped_params(stop_reason))
-            backlog = _count(conn, "slots/count_backlog", {"now": now(), "count_cap": COUNT_CAP})
-    except psycopg.Error as exc:  # infrastructure: the batch in hand was rolled back
-        metrics.incr(M_ERRORS)
-        log.error(
-            "cycle_failed",
-            error=_describe(exc),
-            expired_count=cycle.expired,
-            duration_ms=_ms(clock() - started),
-        )
-        raise
-
-    duration = clock() - started
-    result = ExpirationResult(
+    """The cycle's batches, then what it skipped and what is still due."""
+    stop_reason = loops.run(conn)
+    skipped = _count(conn, "slots/count_skipped_slots", loops.skipped_params(stop_reason))
+    backlog = _count(conn, "slots/count_backlog", {"now": now(), "count_cap": COUNT_CAP})
+    cycle = loops.cycle
+    return ExpirationResult(
         expired_count=cycle.expired,
         skipped_locked_count=skipped,
-        duration_ms=_ms(duration),
-        as_of=as_of,
+        duration_ms=_ms(clock() - started),
+        as_of=cycle.as_of,
         batches=cycle.batches,
         stop_reason=stop_reason.value,
         poison=tuple(cycle.poison),
         backlog=backlog,
-        runners=team.started,
+        runners=loops.started,
     )
-    metrics.timing(M_CYCLE_DURATION, timedelta(seconds=duration))
-    metrics.incr(M_ITEMS, result.expired_count)
-    metrics.incr(M_SKIP_LOCKED, result.skipped_locked_count)
-    metrics.gauge(M_BACKLOG, backlog)
-    log.info(
-        "cycle_completed",
+
+
+def _completed(job: JobRun, result: ExpirationResult) -> None:
+    """Metrics and the ``job_completed`` line of a cycle that ran. A cancelled cycle reports
+    its committed batches too, but is no success."""
+    job.metrics.incr(M_ITEMS, result.expired_count)
+    job.metrics.incr(M_SKIP_LOCKED, result.skipped_locked_count)
+    job.metrics.gauge(M_BACKLOG, result.backlog)
+    job.completed(
+        result.as_dict(),
+        duration_seconds=result.duration_ms / 1000,
+        success=result.stop_reason != StopReason.CANCELLED,
         expired_count=result.expired_count,
         duration_ms=result.duration_ms,
         skipped_locked_count=result.skipped_locked_count,
@@ -352,52 +286,18 @@ def _cycle(
         batches=result.batches,
         runners=result.runners,
         stop_reason=result.stop_reason,
-        backlog=backlog,
+        backlog=result.backlog,
     )
-    if stop_reason is StopReason.CANCELLED:
-        set_result(trace.get_current_span(), result.as_dict())
-        raise JobCancelled(f"{JOB}: {stop.reason}; {result.expired_count} slots expired")
-    metrics.gauge(M_LAST_SUCCESS, time.time())
-    return result
 
 
-def server_connections(config: Mapping[str, Any]) -> int:
-    """Server connections a cycle holds at once with ``config`` (docs/deploying.md, "Behind a
-    pooler"): one per batch loop; the side loops exist only when a cycle may take more than one
-    batch. No lock connection (the seed has no global lock)."""
-    values = validate(config)
-    if int(values["max_batches_per_cycle"]) <= 1:
-        return 1
-    return int(values["runners"])
-
-
-# A lane still in a statement when the cycle is cancelled stops within the statement timeout
-# (the cancel hook interrupts it at once; this is the bound if the server does not answer).
-STOP_GRACE_SECONDS = SESSION.statement_timeout_ms / 1000 + 5
-
-
-class _Budget:
-    """The cycle's bound on batches (``max_batches_per_cycle``), shared by its loops."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit, self.taken = limit, 0
-        self._lock = threading.Lock()
-
-    def take(self) -> bool:
-        with self._lock:
-            if self.taken >= self.limit:
-                return False
-            self.taken += 1
-            return True
-
-
-class _Team:
-    """The cycle's batch loops: the first on the caller's connection and thread; when its
-    first batch comes back full and ``max_batches_per_cycle`` allows more, up to
-    ``runners - 1`` more on their own connections, run with :func:`parallel.run_lanes`.
+class BatchLoops:
+    """The cycle's batch loops: the first batch on the caller's connection and thread; when
+    it comes back full, :func:`parallel.run_batch_loops` runs the loops, lane 0 going on on the
+    caller's connection and, when ``max_batches_per_cycle`` allows more than one batch, up to
+    ``runners - 1`` more on their own connections, under one :class:`BatchBudget`.
 
     The loops are parallel instances in the seed's sense: SKIP LOCKED alone keeps them apart,
-    so each slot is taken by exactly one of them, and each keeps its own keyset. Their
+    so each slot is taken by exactly one of them, and each keeps its own keyset position. Their
     connections are opened on the caller's thread (an Airflow hook reads its Connection through
     the task runner, which is not for side threads), and checked against the pool size before
     the second batch (:func:`db.require_server_connections`). Any exception in any loop,
@@ -409,7 +309,7 @@ class _Team:
     def __init__(
         self,
         connect: Connect,
-        cycle: _Cycle,
+        cycle: CycleState,
         telemetry: Telemetry,
         stop: StopSignal,
         *,
@@ -418,37 +318,44 @@ class _Team:
         max_batches: int,
     ) -> None:
         self.connect, self.cycle, self.telemetry, self.stop = connect, cycle, telemetry, stop
-        self.deadline, self.runners = deadline, runners
-        self.budget = _Budget(max_batches)
-        self.started = 1  # loops started: the first runs on the caller's thread
-        self.loops: list[_Runner] = [_Runner(1)]
+        self.deadline, self.runners, self.max_batches = deadline, runners, max_batches
+        self.budget = BatchBudget(max_batches)
+        self.alerts = CappedAlerts(telemetry.alerts, cap=MAX_POISON_ALERTS_PER_CYCLE)
+        self.positions = [KeysetPosition(1)]  # one per loop started; the first's is the caller's
+
+    @property
+    def started(self) -> int:
+        """Loops started (the result's ``Runners``)."""
+        return len(self.positions)
 
     def run(self, conn: psycopg.Connection) -> StopReason:
-        first = self.loops[0]
         if self.stop.is_set():
             return StopReason.CANCELLED
+        # The first batch alone decides whether side loops are worth their connections: a
+        # short one (nothing more due, the usual cycle) opens none.
         self.budget.take()
-        if not _run_batch(conn, self.cycle, first, self.telemetry):
+        if not run_batch(conn, self.cycle, self.positions[0], self.telemetry, self.alerts):
             return StopReason.DRAINED
         side = self._open_side_connections(conn)
-        if not side:
-            return self._loop(conn, first, self.stop)
+        batches = [self._batches(conn, self.positions[0])]
+        for number, side_conn in enumerate(side, start=2):
+            self.positions.append(KeysetPosition(number))
+            batches.append(self._batches(side_conn, self.positions[-1], otel_context.get_current()))
         try:
-            lanes = [self._lane(conn, first)] + [
-                self._lane(c, self._add_runner(i + 2), otel_context.get_current())
-                for i, c in enumerate(side)
-            ]
-            self.started = len(lanes)
-            reasons = run_lanes(
-                lanes, stop=self.stop, deadline=self.deadline, grace_seconds=STOP_GRACE_SECONDS
+            return run_batch_loops(
+                batches,
+                stop=self.stop,
+                deadline=self.deadline,
+                budget=self.budget,
+                grace_seconds=STOP_GRACE_SECONDS,
             )
         except BaseException as exc:
-            self.telemetry.log.warning("runner_failed", error=_describe(exc))
+            if side:
+                self.telemetry.log.warning("runner_failed", error=describe_error(exc))
             raise
         finally:
-            for c in side:
-                c.close()
-        return _combined(reasons)
+            for side_conn in side:
+                side_conn.close()
 
     def skipped_params(self, reason: StopReason) -> dict[str, Any]:
         """Parameters of count_skipped_slots.sql (SkippedLockedCount).
@@ -459,46 +366,35 @@ class _Team:
         only the due slots before the furthest point a loop's index walk reached were passed
         over; the rest is backlog the loops never reached, not skipped.
         """
-        walked = [r.after for r in self.loops if r.after is not None]
-        bounded = reason is not StopReason.DRAINED
+        walked = [p.after for p in self.positions if p.after is not None]
         return self.cycle.params() | {
-            "bounded": bounded,
+            "bounded": reason is not StopReason.DRAINED,
             "before": max(walked) if walked else None,
         }
 
-    def _add_runner(self, number: int) -> _Runner:
-        runner = _Runner(number)
-        self.loops.append(runner)
-        return runner
-
-    def _lane(
+    def _batches(
         self,
         conn: psycopg.Connection,
-        runner: _Runner,
+        position: KeysetPosition,
         parent: otel_context.Context | None = None,
-    ) -> Callable[[Lane], StopReason]:
-        def lane(lane: Lane) -> StopReason:
-            lane.on_cancel(conn.cancel_safe)  # interrupts a statement in flight
-            if parent is not None:
-                otel_context.attach(parent)  # a thread starts with an empty context
-            return self._loop(conn, runner, lane.stop)
+    ) -> Callable[[Lane], bool]:
+        """One loop's batch on ``conn``, for :func:`run_batch_loops`."""
+        first = True
 
-        return lane
+        def batch(lane: Lane) -> bool:
+            nonlocal first
+            if first:
+                first = False
+                lane.on_cancel(conn.cancel_safe)  # interrupts a statement in flight
+                if parent is not None:
+                    otel_context.attach(parent)  # a thread starts with an empty context
+            return run_batch(conn, self.cycle, position, self.telemetry, self.alerts)
 
-    def _loop(self, conn: psycopg.Connection, runner: _Runner, stop: StopSignal) -> StopReason:
-        while True:
-            if stop.is_set():
-                return StopReason.CANCELLED
-            if self.deadline.expired():
-                return StopReason.MAX_DURATION
-            if not self.budget.take():
-                return StopReason.MAX_BATCHES
-            if not _run_batch(conn, self.cycle, runner, self.telemetry):
-                return StopReason.DRAINED
+        return batch
 
     def _open_side_connections(self, conn: psycopg.Connection) -> list[psycopg.Connection]:
         """Side loops' connections, when runners, the batch bound and the time allow them."""
-        if self.runners < 2 or self.budget.limit <= 1:
+        if self.runners < 2 or self.max_batches <= 1:
             return []
         if self.stop.is_set() or self.deadline.expired():
             return []
@@ -508,7 +404,7 @@ class _Team:
                 side.append(_open(self.connect))
             except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
                 self.telemetry.log.warning(
-                    "runner_not_started", runner=number, error=_describe(exc)
+                    "runner_not_started", runner=number, error=describe_error(exc)
                 )
                 break
         if side:
@@ -517,18 +413,10 @@ class _Team:
                     [conn, *side], job=JOB, what=f"{len(side) + 1} batch loops (runners)"
                 )
             except BaseException:
-                for c in side:
-                    c.close()
+                for side_conn in side:
+                    side_conn.close()
                 raise
         return side
-
-
-def _combined(reasons: Sequence[StopReason]) -> StopReason:
-    """The cycle's stop reason: cancelled if any loop was, else a bound if any hit one."""
-    for reason in (StopReason.CANCELLED, StopReason.MAX_DURATION, StopReason.MAX_BATCHES):
-        if reason in reasons:
-            return reason
-    return StopReason.DRAINED
 
 
 def _open(connect: Connect) -> psycopg.Connection:
@@ -553,134 +441,10 @@ def _session(connect: Connect) -> Iterator[psycopg.Connection]:
         conn.close()
 
 
-def _run_batch(
-    conn: psycopg.Connection, cycle: _Cycle, runner: _Runner, telemetry: Telemetry
-) -> bool:
-    """One batch in one transaction (a span); True when it was full (more may be due)."""
-    attributes = {"pin.runner": runner.number}
-    with telemetry.span(f"{JOB} batch", attributes) as span:
-        return _expire_batch(conn, cycle, runner, telemetry, span)
-
-
-def _expire_batch(
-    conn: psycopg.Connection,
-    cycle: _Cycle,
-    runner: _Runner,
-    telemetry: Telemetry,
-    span: trace.Span,
-) -> bool:
-    tracing = span.is_recording()
-    params = cycle.params() | {
-        "after": runner.after,
-        "with_tenants": tracing,
-        "max_tenants": MAX_SPAN_TENANTS,
-    }
-    tenants: list[uuid.UUID] | None = None
-    tenant_count = 0
-    poison: list[tuple[uuid.UUID, psycopg.Error]] = []
-    try:
-        with conn.transaction():
-            row = conn.execute(sql.load("slots/expire_due_slots"), params).fetchone()
-            selected, expired, last_start_at, missed, tenants, tenant_count = row
-            if missed:  # see expire_due_slots.sql: updated concurrently before our lock
-                expired += conn.execute(
-                    sql.load("slots/expire_slots_by_id"), {"ids": missed, "as_of": cycle.as_of}
-                ).rowcount
-    except psycopg.Error as exc:
-        if not is_row_error(exc.sqlstate) or conn.closed:
-            raise
-        # Nothing of this batch was written (the whole transaction rolled back). Lock the same
-        # selection again and find the offending rows under savepoints.
-        telemetry.log.warning(
-            "batch_isolating",
-            runner=runner.number,
-            batch_size=cycle.batch_size,
-            error=_describe(exc),
-        )
-        with conn.transaction():
-            rows = conn.execute(sql.load("slots/lock_due_slots"), params).fetchall()
-            selected = len(rows)
-            last_start_at = max((start_at for _, start_at in rows), default=None)
-            expired, poison = _expire_isolating(conn, [id_ for id_, _ in rows], cycle.as_of)
-    if last_start_at is not None:
-        runner.after = last_start_at
-    found = [
-        PoisonSlot(str(slot_id), _describe(error), error_code(error)) for slot_id, error in poison
-    ]
-    number, found = cycle.batch_done(expired, found)
-    for slot in found:
-        _report_poison(cycle, slot, telemetry)
-        if tracing:  # seed 002: item failed (SlotId, exception), here its class only
-            error_type = slot.error.split(":", 1)[0]
-            span.add_event("item_failed", {"pin.slot_id": slot.slot_id, "error.type": error_type})
-    if tracing:
-        span.set_attributes(
-            {
-                "pin.batch.index": number,
-                "pin.batch.rows": selected,
-                "pin.batch.expired": expired,
-                "pin.batch.poison": len(poison),
-                "pin.batch.outcome": "isolated" if tenants is None else "committed",
-            }
-        )
-        if tenants is not None:  # the isolating path does not read the tenants
-            span.set_attribute("pin.tenant_ids", sorted(str(t) for t in tenants))
-            span.set_attribute("pin.tenant_count", tenant_count)
-    telemetry.log.info(
-        "batch_selected", batch_index=number, runner=runner.number, count=selected, expired=expired
-    )
-    return selected >= cycle.batch_size
-
-
-def _expire_isolating(
-    conn: psycopg.Connection, ids: Sequence[uuid.UUID], as_of: datetime
-) -> tuple[int, list[tuple[uuid.UUID, psycopg.Error]]]:
-    """Expire ``ids`` (locked by this transaction) by halves under savepoints.
-
-    A group that fails is split until the failing rows stand alone; with k poison rows in a
-    batch of n this costs about 2·k·log2(n) statements instead of n. Returns (expired, poison).
-    """
-    expired = 0
-    poison: list[tuple[uuid.UUID, psycopg.Error]] = []
-    query = sql.load("slots/expire_slots_by_id")
-    stack = [list(ids)]
-    while stack:
-        part = stack.pop()
-        if not part:
-            continue
-        try:
-            with conn.transaction():  # a savepoint inside the batch transaction
-                expired += conn.execute(query, {"ids": part, "as_of": as_of}).rowcount
-        except psycopg.Error as exc:
-            if not is_row_error(exc.sqlstate) or conn.closed:
-                raise
-            if len(part) == 1:
-                poison.append((part[0], exc))
-            else:
-                mid = len(part) // 2
-                stack.append(part[mid:])
-                stack.append(part[:mid])
-    return expired, poison
-
-
-def _report_poison(cycle: _Cycle, slot: PoisonSlot, telemetry: Telemetry) -> None:
-    telemetry.log.error("item_failed", slot_id=slot.slot_id, error=slot.error)
-    telemetry.metrics.incr(M_ERRORS)
-    if cycle.may_alert():
-        telemetry.alerts.send(
-            Alert(
-                POISON_ALERT,
-                "warning",
-                f"slot {slot.slot_id} cannot be expired; left Available for the next cycle",
-                {"slot_id": slot.slot_id, "error": slot.code or "unknown"},
-            )
-        )
-
-
 def _dry_run(
     conn: psycopg.Connection,
-    cycle: _Cycle,
-    telemetry: Telemetry,
+    cycle: CycleState,
+    job: JobRun,
     *,
     started: float,
     clock: Callable[[], float],
@@ -698,8 +462,11 @@ def _dry_run(
         dry_run=True,
         would_expire_count=would,
     )
-    telemetry.log.info(
-        "cycle_completed",
+    # no duration metric and no last success: a dry run is no cycle
+    job.completed(
+        result.as_dict(),
+        duration_seconds=None,
+        success=False,
         dry_run=True,
         would_expire_count=would,
         expired_count=0,
@@ -715,61 +482,27 @@ def _count(conn: psycopg.Connection, query: str, params: Mapping[str, Any]) -> i
     return int(row[0]) if row else 0
 
 
-def _describe(exc: BaseException) -> str:
-    """Error class, SQLSTATE and the server's primary message; no row data beyond that."""
-    sqlstate = getattr(exc, "sqlstate", None)
-    diag = getattr(exc, "diag", None)
-    message = (diag.message_primary if diag is not None else None) or str(exc)
-    text = f"{type(exc).__name__}"
-    if sqlstate:
-        text += f" {sqlstate}"
-    text += f": {message.strip()}"
-    return text[:ERROR_TEXT_LIMIT]
-
-
 def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
+def _cli_run(run_: cli.CliRun) -> Mapping[str, Any]:
+    return run(run_.connect, run_.config, run_.telemetry, run_.stop, dry_run=run_.dry_run).as_dict()
+
+
+CLI = cli.JobCli(
+    spec=SPEC,
+    module="include.pin_maintenance.jobs.slot_expiration",
+    database="calendar database",
+    description=__doc__ or "",
+    session=SESSION,
+    run=_cli_run,
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: one cycle against ``--db-url``; prints the result as JSON.
-
-    Exit codes: 0 done, 2 invalid config (nothing written), 3 cancelled by SIGTERM after a
-    clean stop, 1 database failure.
-    """
-    # Not __name__: under ``python -m`` that is "__main__" (the usage line must be pasteable).
-    parser = argparse.ArgumentParser(
-        prog="python -m include.pin_maintenance.jobs.slot_expiration",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_db_arguments(parser, what="calendar database")
-    parser.add_argument("--config", help='JSON object of config keys, e.g. {"batch_size": 100}')
-    parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("--run-id", default=f"cli__{datetime.now(UTC):%Y%m%dT%H%M%S}")
-    args = parser.parse_args(argv)
-    conninfo = db_conninfo(parser, args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-
-    log = JobLog(JOB, args.run_id)
-    try:
-        config = CONFIG.resolve(args.config)
-    except ConfigError as exc:
-        log.error("config_invalid", error=str(exc))
-        return 2
-    telemetry = Telemetry.local(log)
-    connect = configured(lambda: psycopg.connect(conninfo), SESSION)
-    stop = StopSignal()
-    try:
-        with stop.on_sigterm():
-            result = run(connect, config, telemetry, stop, dry_run=args.dry_run)
-    except JobCancelled as exc:
-        log.warning("cycle_cancelled", reason=str(exc))
-        return 3
-    except psycopg.Error:
-        return 1
-    print(json.dumps(result.as_dict(), sort_keys=True))
-    return 0
+    """CLI: one cycle against ``--db-url``; prints the result as JSON (exit codes: cli.py)."""
+    return cli.main(CLI, argv)
 
 
 if __name__ == "__main__":
