@@ -41,6 +41,7 @@ from typing import Any
 import psycopg
 
 from include.pin_maintenance import sql
+from include.pin_maintenance.parallel import Lane
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 
@@ -162,14 +163,12 @@ class Pacer:
         telemetry: Telemetry,
         *,
         paced_metric: str,
-        own_application: str,
         deadline_remaining: Callable[[], float],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
         self.telemetry = telemetry
         self.paced_metric = paced_metric
-        self.own_application = own_application
         self.deadline_remaining = deadline_remaining
         self.clock = clock
         self.totals = PaceTotals()
@@ -206,6 +205,10 @@ class Pacer:
         self._remember(self._read(conn))
 
     # -- between batches -------------------------------------------------------------------
+
+    def pace(self, lane: Lane, batch_seconds: float) -> None:
+        """:func:`parallel.run_batch_loops`'s ``pace`` hook."""
+        self.after_batch(lane.index, lane.stop, batch_seconds)
 
     def after_batch(self, lane_index: int, stop: StopSignal, batch_seconds: float) -> None:
         """Hold while a replica is behind; then sleep the current multiple of the batch time."""
@@ -267,9 +270,7 @@ class Pacer:
 
     def _read(self, conn: psycopg.Connection) -> Reading:
         canary = self._canary(conn) if self.limits.max_neighbour_slowdown else None
-        row = conn.execute(
-            sql.load("pacing/read_database_health"), {"own_application": self.own_application}
-        ).fetchone()
+        row = conn.execute(sql.load("pacing/read_database_health")).fetchone()
         if not conn.autocommit:
             conn.rollback()
         wal, replay, replay_lag, others = row

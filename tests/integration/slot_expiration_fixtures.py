@@ -58,6 +58,17 @@ def install_test_triggers(db: Database) -> None:
         conn.execute(TEST_TRIGGERS)
 
 
+def insert_due_slots(conn: psycopg.Connection, count: int, *, before: datetime = NOW) -> None:
+    """``count`` Available slots that started in the ``count`` seconds before ``before``."""
+    conn.execute(
+        "insert into calendar.availability_slots (id, tenant_id, consultant_id, start_at,"
+        " end_at, status, version, created_at, updated_at) select gen_random_uuid(),"
+        " gen_random_uuid(), gen_random_uuid(), %(before)s - make_interval(secs => i),"
+        " %(before)s, 'Available', 1, %(before)s, %(before)s from generate_series(1, %(count)s) i",
+        {"before": before, "count": count},
+    )
+
+
 def insert_slot(
     conn: psycopg.Connection,
     *,

@@ -22,9 +22,11 @@ from include.pin_maintenance.pacing import (
 )
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
+from tests.integration.slot_expiration_fixtures import insert_due_slots, run_job
 
 pytestmark = pytest.mark.integration
 
+APP = "pin-pacing-test"  # the loop's own sessions, which pacing does not count as others
 CPU_HOG = "select count(*) from generate_series(1, 3000000)"
 WAL_HOG = (
     "insert into calendar.availability_slots (id, tenant_id, consultant_id, start_at, end_at,"
@@ -39,7 +41,6 @@ def pacer(limits: PacingLimits, metrics: RecordingMetrics | None = None) -> Pace
         limits,
         telemetry,
         paced_metric="pacing_test_paced_seconds",
-        own_application="pin-pacing-test",
         deadline_remaining=lambda: 60.0,
     )
 
@@ -83,7 +84,7 @@ def test_a_busy_database_paces_the_loop_and_an_idle_one_lets_it_go(db, caplog):
     caplog.set_level(logging.INFO)
     metrics = RecordingMetrics()
     paced = pacer(PacingLimits(max_replica_lag_seconds=0, max_neighbour_slowdown=2), metrics)
-    with psycopg.connect(db.url, autocommit=True) as conn:
+    with psycopg.connect(db.url, autocommit=True, application_name=APP) as conn:
         paced.start(conn)
         with busy(db.url, [CPU_HOG] * 4 + [WAL_HOG] * 2):
             assert probe_until(paced, conn, lambda: paced._nice > 0, 60), "never paced"
@@ -100,7 +101,7 @@ def test_a_busy_database_paces_the_loop_and_an_idle_one_lets_it_go(db, caplog):
 
 def test_an_idle_database_is_never_paced(db):
     paced = pacer(PacingLimits(max_replica_lag_seconds=2, max_neighbour_slowdown=2))
-    with psycopg.connect(db.url, autocommit=True) as conn:
+    with psycopg.connect(db.url, autocommit=True, application_name=APP) as conn:
         paced.start(conn)
         probe_until(paced, conn, lambda: False, 3)
     assert paced.totals.total == 0
@@ -136,3 +137,33 @@ def test_pacing_off_reads_nothing(db):
         paced.connections[0] = conn
         paced.after_batch(0, StopSignal(), 0.05)
     assert paced._last is None and paced.totals.total == 0
+
+
+def test_a_slot_drain_on_a_busy_database_is_paced_and_still_drains(db, caplog):
+    caplog.set_level(logging.INFO)
+    with psycopg.connect(db.url) as conn:
+        insert_due_slots(conn, 40_000)
+    with busy(db.url, [CPU_HOG] * 4 + [WAL_HOG] * 2):
+        result = run_job(
+            db,
+            {"max_batches_per_cycle": 1000, "batch_size": 500, "max_run_duration_seconds": 120},
+            app="pin-slot-expiration",
+        )
+    assert result.stop_reason == "drained" and result.expired_count == 40_000
+    assert result.as_dict()["PacedMs"] > 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("event=job_paced ") for line in lines)
+    completed = [line for line in lines if line.startswith("event=job_completed ")]
+    assert f"paced_ms={result.paced_ms}" in completed[-1].split()
+
+
+def test_a_slot_drain_with_pacing_off_never_probes(db, caplog):
+    caplog.set_level(logging.INFO)
+    with psycopg.connect(db.url) as conn:
+        insert_due_slots(conn, 2000)
+    result = run_job(
+        db,
+        {"max_batches_per_cycle": 1000, "max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0},
+    )
+    assert result.expired_count == 2000 and result.paced_ms == 0
+    assert not any("pacing_baseline" in r.getMessage() for r in caplog.records)

@@ -66,6 +66,7 @@ def test_empty_cycle_is_a_successful_no_op(slots_db: Database):
         "Runners": 1,
         "StopReason": "drained",
         "AsOf": None,
+        "PacedMs": 0,
     }
     assert table_state(slots_db) == before
     assert run.metrics.counters[se.M_ITEMS] == 0

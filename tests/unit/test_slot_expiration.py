@@ -23,12 +23,15 @@ from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMe
 def test_config_defaults_match_the_contract():
     assert se.CONFIG.job == "calendar_slot_expiration"
     # batch_size and max_run_duration_seconds: docs/design.md, "Configuration"; runners and
-    # max_batches_per_cycle are ours (README); 1 batch per cycle is seed 002's bound
+    # max_batches_per_cycle are ours (README); 1 batch per cycle is seed 002's bound; the
+    # pacing keys are shared with retention (docs/design.md, "Pacing")
     assert se.CONFIG.resolve(None, None) == {
         "batch_size": 500,
         "max_batches_per_cycle": 1,
         "runners": 2,
         "max_run_duration_seconds": 30,
+        "max_replica_lag_seconds": 2,
+        "max_neighbour_slowdown": 2,
     }
 
 
@@ -47,6 +50,10 @@ def test_config_defaults_match_the_contract():
         (None, {"max_batches_per_cycle": 2.5}, "max_batches_per_cycle = 2.5"),
         (None, {"max_batches_per_cycle": True}, "max_batches_per_cycle = True"),
         ('{"lock_ttl_seconds": 60}', None, "unknown config key 'lock_ttl_seconds'"),
+        (None, {"max_replica_lag_seconds": -1}, "max_replica_lag_seconds = -1"),
+        (None, {"max_replica_lag_seconds": 3601}, "allowed: number 0..3600"),
+        (None, {"max_neighbour_slowdown": 0.5}, "allowed: 0 (off) or 1..100"),
+        (None, {"max_neighbour_slowdown": 101}, "allowed: number 0..100"),
     ],
 )
 def test_invalid_config_names_the_key_value_and_range(variable, params, message):
@@ -74,6 +81,8 @@ def test_validate_accepts_resolved_configs(config, expected):
         "max_batches_per_cycle": 1,
         "runners": 2,
         "max_run_duration_seconds": 30,
+        "max_replica_lag_seconds": 2,
+        "max_neighbour_slowdown": 2,
     }
     assert se.validate(config) == defaults | expected
 
@@ -149,6 +158,7 @@ def test_result_dict_carries_the_seed_fields():
         "Runners": 1,
         "StopReason": "drained",
         "AsOf": "2026-06-01T00:00:00+00:00",
+        "PacedMs": 0,
     }
     dry = se.ExpirationResult(0, 0, 1, as_of, dry_run=True, would_expire_count=9)
     assert dry.as_dict()["WouldExpireCount"] == 9

@@ -77,6 +77,7 @@ from include.pin_maintenance.lifecycle import (
     describe_error,
     job_run,
 )
+from include.pin_maintenance.pacing import Pacer, PacingLimits
 from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
 from include.pin_maintenance.runloop import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry
@@ -100,6 +101,8 @@ M_ITEMS = "calendar_slot_expiration_items_total"
 M_BACKLOG = "calendar_slot_expiration_backlog"
 M_SKIP_LOCKED = "calendar_slot_expiration_skip_locked_total"
 M_LAST_SUCCESS = "calendar_slot_expiration_last_success_timestamp_seconds"
+# time the loops spent paced, one timer per reason: `<name>.replica_lag`, `<name>.neighbour_latency`
+M_PACED = "calendar_slot_expiration_paced_seconds"
 
 SPEC = JobSpec(
     job=JOB,
@@ -135,6 +138,7 @@ class ExpirationResult:
     dry_run: bool = False
     would_expire_count: int | None = None
     runners: int = 1
+    paced_ms: int = 0
 
     @property
     def errors_count(self) -> int:
@@ -152,6 +156,7 @@ class ExpirationResult:
             "Runners": self.runners,
             "StopReason": self.stop_reason,
             "AsOf": self.as_of.isoformat(),
+            "PacedMs": self.paced_ms,
         }
         if self.dry_run:
             out["DryRun"] = True
@@ -226,6 +231,7 @@ def run(
                     deadline=Deadline(float(values["max_run_duration_seconds"]), clock=clock),
                     runners=int(values["runners"]),
                     max_batches=int(values["max_batches_per_cycle"]),
+                    pacing=PacingLimits.from_config(values),
                 )
                 result = _expire(conn, loops, started=started, clock=clock, now=now)
         except BaseException as exc:  # the batch in hand rolled back; job_run logs job_failed
@@ -266,6 +272,7 @@ def _expire(
         poison=tuple(cycle.poison),
         backlog=backlog,
         runners=loops.started,
+        paced_ms=_ms(loops.pacer.totals.total) if loops.pacer else 0,
     )
 
 
@@ -287,6 +294,7 @@ def _completed(job: JobRun, result: ExpirationResult) -> None:
         runners=result.runners,
         stop_reason=result.stop_reason,
         backlog=result.backlog,
+        paced_ms=result.paced_ms,
     )
 
 
@@ -303,7 +311,8 @@ class BatchLoops:
     the second batch (:func:`db.require_server_connections`). Any exception in any loop,
     ``BaseException`` included, stops the others: their stop signal is set and the statement
     each may be in is cancelled (its batch rolls back whole); committed batches stay; the cycle
-    fails with the first exception.
+    fails with the first exception. A cycle that may take more than one batch paces itself
+    between batches by the database's health (:mod:`pacing`; docs/design.md, "Pacing").
     """
 
     def __init__(
@@ -316,9 +325,18 @@ class BatchLoops:
         deadline: Deadline,
         runners: int,
         max_batches: int,
+        pacing: PacingLimits,
     ) -> None:
         self.connect, self.cycle, self.telemetry, self.stop = connect, cycle, telemetry, stop
         self.deadline, self.runners, self.max_batches = deadline, runners, max_batches
+        self.pacer: Pacer | None = None
+        if max_batches > 1 and not pacing.off:  # one batch a cycle needs no pacing
+            self.pacer = Pacer(
+                pacing,
+                telemetry,
+                paced_metric=M_PACED,
+                deadline_remaining=deadline.remaining,
+            )
         self.budget = BatchBudget(max_batches)
         self.alerts = CappedAlerts(telemetry.alerts, cap=MAX_POISON_ALERTS_PER_CYCLE)
         self.positions = [KeysetPosition(1)]  # one per loop started; the first's is the caller's
@@ -331,16 +349,24 @@ class BatchLoops:
     def run(self, conn: psycopg.Connection) -> StopReason:
         if self.stop.is_set():
             return StopReason.CANCELLED
+        if self.pacer is not None:
+            self.pacer.start(conn)  # its baseline: the database before this cycle's load
         # The first batch alone decides whether side loops are worth their connections: a
         # short one (nothing more due, the usual cycle) opens none.
         self.budget.take()
+        started = time.monotonic()
         if not run_batch(conn, self.cycle, self.positions[0], self.telemetry, self.alerts):
             return StopReason.DRAINED
+        if self.pacer is not None:
+            self.pacer.connections[0] = conn
+            self.pacer.after_batch(0, self.stop, time.monotonic() - started)
         side = self._open_side_connections(conn)
         batches = [self._batches(conn, self.positions[0])]
         for number, side_conn in enumerate(side, start=2):
             self.positions.append(KeysetPosition(number))
             batches.append(self._batches(side_conn, self.positions[-1], otel_context.get_current()))
+            if self.pacer is not None:
+                self.pacer.connections[number - 1] = side_conn
         try:
             return run_batch_loops(
                 batches,
@@ -348,6 +374,7 @@ class BatchLoops:
                 deadline=self.deadline,
                 budget=self.budget,
                 grace_seconds=STOP_GRACE_SECONDS,
+                pace=self.pacer.pace if self.pacer is not None else None,
             )
         except BaseException as exc:
             if side:

@@ -8,6 +8,7 @@ rules themselves (no database driver, no HTTP client).
 from __future__ import annotations
 
 from include.pin_maintenance.config import ConfigSpec, Setting
+from include.pin_maintenance.pacing_config import PACING_RULES, PACING_SETTINGS
 
 JOB = "calendar_slot_expiration"
 CONN_ID = "calendar_db"
@@ -52,6 +53,8 @@ CONFIG = ConfigSpec(
             exclusive_minimum=True,
             help="No new batch starts after this many seconds; the rest waits for the next cycle.",
         ),
+        *PACING_SETTINGS,
     ),
+    rules=PACING_RULES,
     extra_params=frozenset({"dry_run"}),
 )

@@ -1,6 +1,7 @@
 -- The pacing probe (include/pin_maintenance/pacing.py): this server's WAL position, the slowest
 -- streaming replica's replay position and lag, and how many other client sessions run a
--- statement now. Replicas' positions and other roles' sessions read as null / 0 to a role
+-- statement now, not counting this job's own loops (its application_name, set in each of its
+-- transactions). Replicas' positions and other roles' sessions read as null / 0 to a role
 -- without pg_read_all_stats.
 select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') as wal_bytes,
        (select min(pg_wal_lsn_diff(replay_lsn, '0/0'))
@@ -14,4 +15,5 @@ select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') as wal_bytes,
          where backend_type = 'client backend'
            and state = 'active'
            and pid <> pg_backend_pid()
-           and application_name is distinct from %(own_application)s) as others_active
+           and application_name is distinct from current_setting('application_name')
+       ) as others_active

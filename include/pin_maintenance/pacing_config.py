@@ -1,0 +1,43 @@
+"""The pacing config keys the batch jobs share (docs/design.md, "Pacing").
+
+DAG files import this at parse time through the jobs' config modules: config rules only.
+"""
+
+from __future__ import annotations
+
+from include.pin_maintenance.config import Rule, Setting
+
+PACING_SETTINGS = (
+    Setting(
+        "max_replica_lag_seconds",
+        2,
+        kind=float,
+        minimum=0,
+        maximum=3600,
+        help=(
+            "Hold between batches while the slowest streaming replica replays more than this "
+            "many seconds behind; 0 = do not watch replicas. Reading the replicas needs the "
+            "job role in pg_monitor; without it the job runs without this signal (one warning)."
+        ),
+    ),
+    Setting(
+        "max_neighbour_slowdown",
+        2,
+        kind=float,
+        minimum=0,
+        maximum=100,
+        help=(
+            "While other sessions use the database, slow down when a commit takes more than "
+            "this many times as long as before the run (a canary commit between batches); "
+            "0 = off, else at least 1."
+        ),
+    ),
+)
+
+PACING_RULES = (
+    Rule(
+        "max_neighbour_slowdown",
+        lambda v: v["max_neighbour_slowdown"] == 0 or v["max_neighbour_slowdown"] >= 1,
+        lambda v: "0 (off) or 1..100",
+    ),
+)
