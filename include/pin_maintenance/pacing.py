@@ -97,6 +97,11 @@ class Reading:
     canary_seconds: float | None  # the canary commit's time (None: canary off)
 
 
+def paced_metric(prefix: str, reason: str) -> str:
+    """The timer of time paced for ``reason``: ``<prefix>_replica_lag_seconds`` etc."""
+    return f"{prefix}_{reason}_seconds"
+
+
 def replica_lag_seconds(history: Sequence[tuple[float, int]], reading: Reading) -> float:
     """The slowest replica's replay lag in seconds (0 without a replica).
 
@@ -162,13 +167,13 @@ class Pacer:
         limits: PacingLimits,
         telemetry: Telemetry,
         *,
-        paced_metric: str,
+        paced_metric_prefix: str,
         deadline_remaining: Callable[[], float],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
         self.telemetry = telemetry
-        self.paced_metric = paced_metric
+        self.paced_metric_prefix = paced_metric_prefix
         self.deadline_remaining = deadline_remaining
         self.clock = clock
         self.totals = PaceTotals()
@@ -331,4 +336,6 @@ class Pacer:
     def _account(self, reason: str, seconds: float) -> None:
         with self._lock:
             self.totals.seconds[reason] += seconds
-        self.telemetry.metrics.timing(f"{self.paced_metric}.{reason}", timedelta(seconds=seconds))
+        self.telemetry.metrics.timing(
+            paced_metric(self.paced_metric_prefix, reason), timedelta(seconds=seconds)
+        )

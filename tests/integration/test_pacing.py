@@ -40,7 +40,7 @@ def pacer(limits: PacingLimits, metrics: RecordingMetrics | None = None) -> Pace
     return Pacer(
         limits,
         telemetry,
-        paced_metric="pacing_test_paced_seconds",
+        paced_metric_prefix="pacing_test_paced",
         deadline_remaining=lambda: 60.0,
     )
 
@@ -91,7 +91,7 @@ def test_a_busy_database_paces_the_loop_and_an_idle_one_lets_it_go(db, caplog):
             probe_until(paced, conn, lambda: False, 2)  # a few paced batches
         assert probe_until(paced, conn, lambda: paced._nice == 0, 60), "never resumed"
     assert paced.totals.seconds[REASON_NEIGHBOUR_LATENCY] > 0
-    assert metrics.timings["pacing_test_paced_seconds.neighbour_latency"]
+    assert metrics.timings["pacing_test_paced_neighbour_latency_seconds"]
     lines = [r.getMessage() for r in caplog.records]
     assert any(
         line.startswith("event=job_paced ") and "reason=neighbour_latency" in line for line in lines

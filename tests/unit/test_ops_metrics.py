@@ -44,6 +44,11 @@ BRIEF = {
         "news_snapshot_detach_run_duration_seconds",
         "calendar_slot_expiration_cycle_duration_seconds",
         "activity_retention_run_duration_seconds",
+        # pacing (docs/design.md, "Pacing"): time paced, one timer per reason
+        "calendar_slot_expiration_paced_replica_lag_seconds",
+        "calendar_slot_expiration_paced_neighbour_latency_seconds",
+        "activity_retention_paced_replica_lag_seconds",
+        "activity_retention_paced_neighbour_latency_seconds",
     },
 }
 

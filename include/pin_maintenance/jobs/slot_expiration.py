@@ -101,8 +101,9 @@ M_ITEMS = "calendar_slot_expiration_items_total"
 M_BACKLOG = "calendar_slot_expiration_backlog"
 M_SKIP_LOCKED = "calendar_slot_expiration_skip_locked_total"
 M_LAST_SUCCESS = "calendar_slot_expiration_last_success_timestamp_seconds"
-# time the loops spent paced, one timer per reason: `<name>.replica_lag`, `<name>.neighbour_latency`
-M_PACED = "calendar_slot_expiration_paced_seconds"
+# time the loops spent paced, one timer per reason: `<prefix>_replica_lag_seconds`,
+# `<prefix>_neighbour_latency_seconds`
+M_PACED_PREFIX = "calendar_slot_expiration_paced"
 
 SPEC = JobSpec(
     job=JOB,
@@ -334,7 +335,7 @@ class BatchLoops:
             self.pacer = Pacer(
                 pacing,
                 telemetry,
-                paced_metric=M_PACED,
+                paced_metric_prefix=M_PACED_PREFIX,
                 deadline_remaining=deadline.remaining,
             )
         self.budget = BatchBudget(max_batches)
