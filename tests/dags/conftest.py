@@ -31,7 +31,11 @@ RunDag = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def run_dag(airflow_home: Path) -> RunDag:
-    """``run_dag(dag_id, db, conf=..., variables=..., selections_url=..., webhook_url=...)``."""
+    """``run_dag(dag_id, db, conf=..., variables=..., selections_url=..., webhook_url=...)``.
+
+    Through ``ae.airflow`` (forked from a warm interpreter) unless ``console_script``: then the
+    venv's ``airflow`` console script as a process of its own, exactly what a user runs.
+    """
 
     def run(
         dag_id: str,
@@ -43,6 +47,7 @@ def run_dag(airflow_home: Path) -> RunDag:
         webhook_url: str | None = None,
         extra_env: dict[str, str] | None = None,
         timeout: float = 300,
+        console_script: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         env = ae.airflow_env(
             airflow_home,
@@ -55,6 +60,15 @@ def run_dag(airflow_home: Path) -> RunDag:
         args = ["dags", "test", dag_id]
         if conf is not None:
             args += ["--conf", json.dumps(conf)]
+        if console_script:
+            return subprocess.run(
+                [str(ae.VENV_BIN / "airflow"), *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
         return ae.airflow(args, env, timeout=timeout)
 
     return run
