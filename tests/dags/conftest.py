@@ -1,4 +1,5 @@
-"""Fixtures for the DAG tier: a migrated Airflow metadata DB and a way to run a DAG for real.
+"""Fixtures for the DAG tier: the bundle's DagBag, a migrated Airflow metadata DB and a way to
+run a DAG for real.
 
 ``run_dag`` runs ``airflow dags test <dag_id>`` in a subprocess, exactly as docs/design.md,
 "Running a DAG the standard way" describes (``AIRFLOW_CONN_*`` for the connections,
@@ -19,6 +20,23 @@ import pytest
 from devtools import airflow_env as ae
 from devtools.pg import Database
 from tests.environment import migrated_airflow_home
+
+
+@pytest.fixture(scope="session")
+def dagbag():
+    """The bundle's ``dags/`` folder as Airflow's DagBag parses it, once per session (per xdist
+    worker), in this process. Tests read it; none changes it. A test that needs the files
+    parsed under other settings builds its own (tests/dags/test_schedule_settings.py)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(ae.REPO / "dags"))
+
+
+def dag_of(dagbag, dag_id: str):
+    """``dag_id`` from ``dagbag``, its file parsed without an import error."""
+    errors = {path: e for path, e in dagbag.import_errors.items() if Path(path).stem == dag_id}
+    assert errors == {}
+    return dagbag.dags[dag_id]
 
 
 @pytest.fixture(scope="session")
