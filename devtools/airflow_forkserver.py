@@ -22,11 +22,14 @@ What a warm interpreter has fixed is the configuration Airflow read at import. S
 serves only environments equal to its own except for the variables read when they are used
 (:data:`LIVE_PREFIXES`): :func:`run` keeps one server per such environment.
 
-Protocol (one request at a time, JSON lines on the server's stdin and stdout): the client sends
+Protocol (one request at a time, JSON lines on the server's stdin and stdout): the server
+says ``{"ready"}`` once warm; the client sends
 ``{"argv", "env", "cwd", "stdin", "stdout", "stderr"}`` (the last three are file paths), the
 server answers ``{"pid"}`` once the child exists and ``{"pid", "returncode"}`` when it ends
-(negative: killed by that signal, as :mod:`subprocess` reports it). The server ends when its
-stdin closes (its client, a pytest worker or a tool, is gone).
+(negative: killed by that signal, as :mod:`subprocess` reports it). Where an Airflow or cadwyn
+internal the server relies on has moved (:class:`InternalsChanged`), it says ``{"error"}``
+instead of ``{"ready"}`` or of a ``dags test``'s ``{"pid"}``, and :func:`run` raises it. The
+server ends when its stdin closes (its client, a pytest worker or a tool, is gone).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import importlib
+import inspect
 import json
 import locale
 import os
@@ -44,6 +49,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # Variables read only when they are used, and the one pytest rewrites per test: a child may
 # differ from its server in these. Airflow's environment secrets backend looks up connections
@@ -69,16 +75,111 @@ def _warm() -> None:
     from airflow.providers.postgres.hooks import postgres  # noqa: F401
 
     cli_parser.get_parser()
+    _check_console_script()
     # the in-process Execution API: built on the first dags test (_prebuild_execution_api)
+
+
+# ------------------------------------------------------- the internals the server relies on
+# A child becomes the console script by calling its target, and the prebuilt app rests on
+# private parts of Airflow and cadwyn. Each is looked up by name and its shape checked before
+# use, so that an upgrade that moves one stops the server with a message naming it instead of
+# runs that quietly differ from a plain one (tests/unit/test_forkserver_internals.py).
+
+RUN_PLAIN = "PIN_AIRFLOW_FORKSERVER=0"
+CONSOLE_SCRIPT = "airflow.__main__:main"
+EXECUTION_API = "airflow.api_fastapi.execution_api.app.InProcessExecutionAPI"
+CADWYN_APP = "cadwyn.Cadwyn"
+
+
+class InternalsChanged(RuntimeError):
+    """An Airflow or cadwyn internal the fork server relies on is gone or has changed shape."""
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name, dist in (("Airflow", "apache-airflow-core"), ("cadwyn", "cadwyn")):
+        try:
+            found.append(f"{name} {version(dist)}")
+        except PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return ", ".join(found)
+
+
+def _changed(internal: str, problem: str) -> InternalsChanged:
+    return InternalsChanged(
+        f"airflow_forkserver: {internal} {problem} ({_versions()}); run with {RUN_PLAIN}"
+    )
+
+
+def _lookup(dotted: str) -> Any:
+    """The object named ``dotted`` (its module's longest importable prefix, then attributes)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for i in range(cut, len(parts)):
+            if not hasattr(found, parts[i]):
+                raise _changed(".".join(parts[: i + 1]), "not found")
+            found = getattr(found, parts[i])
+        return found
+    raise _changed(dotted, "not found (its module does not import)")
+
+
+def _check_signature(internal: str, function: Any, *args: Any) -> None:
+    """``function`` accepts ``args`` and nothing more is required, as the server calls it."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError) as exc:
+        raise _changed(internal, f"has no readable signature ({exc})") from exc
+    try:
+        signature.bind(*args)
+    except TypeError as exc:
+        parameters = signature.replace(return_annotation=inspect.Signature.empty)
+        raise _changed(internal, f"changed signature to {parameters}") from exc
+
+
+def _check_console_script() -> None:
+    """The ``airflow`` console script still calls what a child calls."""
+    from importlib.metadata import entry_points
+
+    targets = sorted({ep.value for ep in entry_points(group="console_scripts", name="airflow")})
+    if targets != [CONSOLE_SCRIPT]:
+        raise _changed(f"the airflow console script ({CONSOLE_SCRIPT})", f"now runs {targets}")
+    _check_signature(CONSOLE_SCRIPT.replace(":", "."), _lookup(CONSOLE_SCRIPT.replace(":", ".")))
+
+
+def _execution_api_class() -> type:
+    """``InProcessExecutionAPI``, checked for what :func:`_prebuild_execution_api` does with it:
+    built without arguments, its app lazily built into ``_app`` by the ``app`` property, and a
+    cadwyn app that generates its routes in ``_cadwyn_initialize`` unless
+    ``_cadwyn_initialized`` says it did."""
+    api_class = _lookup(EXECUTION_API)
+    _check_signature(f"{EXECUTION_API}.__init__", api_class.__init__, object())
+    if getattr(api_class(), "_app", "not found") is not None:  # no app is built here
+        raise _changed(f"{EXECUTION_API}._app", "is no longer None on a new instance")
+    _lookup(f"{EXECUTION_API}.app")  # what it returns is checked once built
+    initialize = _lookup(f"{CADWYN_APP}._cadwyn_initialize")
+    _check_signature(f"{CADWYN_APP}._cadwyn_initialize", initialize, object())
+    call = _lookup(f"{CADWYN_APP}.__call__")
+    reads = getattr(getattr(call, "__code__", None), "co_names", ())
+    if not {"_cadwyn_initialized", "_cadwyn_initialize"} <= set(reads):
+        raise _changed(
+            f"{CADWYN_APP}.__call__", "no longer initializes through _cadwyn_initialized"
+        )
+    return api_class
 
 
 # the commands that run tasks against an in-process Execution API
 IN_PROCESS_API_COMMANDS = (["dags", "test"], ["tasks", "test"])
 
 
-def _prebuild_execution_api(api_class: type) -> None:
+def _prebuild_execution_api() -> type:
     """Build the in-process Execution API's app once, routes generated, for each child's first
-    ``InProcessExecutionAPI``. Done by the server on its first such command
+    ``InProcessExecutionAPI`` (returned). Done by the server on its first such command
     (:data:`IN_PROCESS_API_COMMANDS`), so that a server whose commands are a ``db migrate`` or a
     ``dags trigger`` does not pay for it.
 
@@ -92,9 +193,23 @@ def _prebuild_execution_api(api_class: type) -> None:
     the routes, and each forked child's first instance starts with its own copy of it (fork is
     copy-on-write): the child enters the app's lifespan and starts its event-loop thread as a
     plain run does. Later instances in the same child build their own, as without the server.
+    Every internal this uses is checked first (:func:`_execution_api_class`) and its effect
+    after: :class:`InternalsChanged` names the one that moved.
     """
+    api_class = _execution_api_class()
+    cadwyn_class = _lookup(CADWYN_APP)
     app = api_class().app
+    if not isinstance(app, cadwyn_class):
+        raise _changed(f"{EXECUTION_API}.app", f"is a {type(app).__qualname__}, not a {CADWYN_APP}")
+    if getattr(app, "_cadwyn_initialized", None) is not False:
+        raise _changed(f"{CADWYN_APP}._cadwyn_initialized", "not found on a new app")
     app._cadwyn_initialize()  # what cadwyn's __call__ does on the first request
+    if app._cadwyn_initialized is not True:
+        raise _changed(f"{CADWYN_APP}._cadwyn_initialize", "no longer sets _cadwyn_initialized")
+    handed = api_class()
+    handed._app = app
+    if handed.app is not app:
+        raise _changed(f"{EXECUTION_API}.app", "no longer returns the app set in _app")
     spare = [app]
     init = api_class.__init__
 
@@ -104,6 +219,7 @@ def _prebuild_execution_api(api_class: type) -> None:
             self._app = spare.pop()
 
     api_class.__init__ = __init__
+    return api_class
 
 
 def _become_child(req: dict, control: list) -> list[str]:
@@ -140,14 +256,19 @@ def _control() -> tuple:
 def _serve(reader, writer) -> list[str] | None:
     """Answer requests until stdin closes (returns None) or, in a child, return its argv."""
     writer.write(json.dumps({"ready": os.getpid()}) + "\n")
-    prebuilt = False
+    prebuilt, changed = False, None
     for line in reader:
         req = json.loads(line)
         if not prebuilt and req["argv"][:2] in IN_PROCESS_API_COMMANDS:
-            from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
-
-            _prebuild_execution_api(InProcessExecutionAPI)
-            prebuilt = True
+            if changed is None:
+                try:
+                    _prebuild_execution_api()
+                    prebuilt = True
+                except InternalsChanged as exc:
+                    changed = str(exc)
+            if changed is not None:  # each such command fails with it; the others still run
+                writer.write(json.dumps({"error": changed}) + "\n")
+                continue
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -188,9 +309,12 @@ class _Server:
         self._buf = b""
         self.uses = 0
         try:
-            self.ready = self.read(timeout=300) is not None
+            first = self.read(timeout=300)
         except TimeoutError:
-            self.ready = False
+            first = None
+        self.ready = first is not None and "ready" in first
+        # what an Airflow upgrade moved (InternalsChanged), as the server reported it
+        self.changed = first.get("error") if first is not None else None
 
     def read(self, timeout: float | None) -> dict | None:
         """The next answer; None when the server has ended; TimeoutError after ``timeout``."""
@@ -237,6 +361,9 @@ def _server(env: dict[str, str]) -> _Server | None:
             fewest = min(_servers, key=lambda k: _servers[k].uses)  # first = least recent
             _servers.pop(fewest).close()
         server = _Server(env)
+        if server.changed is not None:
+            server.close()
+            raise InternalsChanged(server.changed)
         if not server.ready:
             server.close()
             _cold.add(key)
@@ -264,13 +391,15 @@ def run(
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         request = {"argv": argv, "env": env, "cwd": os.getcwd(), "stdin": os.devnull}
         server.send({**request, "stdout": str(out), "stderr": str(err)})
-        pid = done = None
+        pid = done = changed = None
         try:
             # the server answers once the child exists; before its first dags test it builds
-            # the app first (seconds, more on a loaded machine); a dead server answers at once
-            pid = _answer(server, 300)["pid"]
+            # the app first (seconds, more on a loaded machine); a dead server answers at once;
+            # where an internal the app needs has moved, it answers with that instead
+            first = _answer(server, 300)
+            changed, pid = first.get("error"), first.get("pid")
             try:
-                done = _answer(server, timeout)
+                done = None if pid is None else _answer(server, timeout)
             except TimeoutError:
                 os.kill(pid, signal.SIGKILL)  # as subprocess.run does; the server reaps it
                 _answer(server, 60)
@@ -281,6 +410,8 @@ def run(
             _servers.pop(server_key(env), None)
             server.close(kill=True)
             raise
+        if changed is not None:
+            raise InternalsChanged(changed)
         if done is None:
             raise subprocess.TimeoutExpired(cmd, timeout, _text(out), _text(err))
         return subprocess.CompletedProcess(cmd, done["returncode"], _text(out), _text(err))
@@ -317,7 +448,11 @@ if __name__ == "__main__":
     if sys.path and sys.path[0] == str(Path(__file__).resolve().parent):
         del sys.path[0]  # as devtools/airflow_cli.py: the console script has no such entry
     control = _control()
-    _warm()
+    try:
+        _warm()
+    except InternalsChanged as exc:  # the client raises it; an ImportError falls back to plain
+        control[1].write(json.dumps({"error": str(exc)}) + "\n")
+        sys.exit(1)
     argv = _serve(*control)
     if argv is None:
         sys.exit(0)

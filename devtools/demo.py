@@ -29,6 +29,7 @@ import psycopg
 from devtools import airflow_env as ae
 from devtools import pg
 from devtools.outbox_data import generate_outbox
+from devtools.retention_data import seed_sessions
 from devtools.selections_service import SelectionsService
 
 REPO = Path(__file__).resolve().parent.parent
@@ -166,11 +167,28 @@ def alerts_raised(output: str) -> str:
     return "".join(f"; alert {name} x{n}" for name, n in sorted(counts.items()))
 
 
+def seed_calendar_and_activity(conn: psycopg.Connection) -> None:
+    """The demo's slots (1250 due, 300 future, Booked, Expired, Archived) and user activity:
+    3000 Inactive sessions past retention (ended over 100 days before the cutoff), 700 that
+    stay (half Inactive and young, half Active), 6 views and 7 events each, 50 stats rows."""
+    conn.execute((SEED_SQL / "demo_seed_calendar.sql").read_text())
+    seed_sessions(
+        conn,
+        3000,
+        700,
+        6,
+        tag="demo",
+        step_seconds=100 * 86400 // 3000,
+        n_property_objects=50,
+        events_per_session=7,
+    )
+    conn.commit()
+
+
 def seed(url: str, selections: SelectionsService) -> None:
     """Demo rows for every job; the selections service is scripted per outbox snapshot."""
     with psycopg.connect(url) as conn:
-        conn.execute((SEED_SQL / "demo_seed_calendar_activity.sql").read_text())
-        conn.commit()
+        seed_calendar_and_activity(conn)
         generate_outbox(conn, 40)  # selections answers 2xx: Done
         for snapshot_id in generate_outbox(conn, 5):
             selections.mark_detached(snapshot_id)  # already detached: 2xx again, Done
@@ -194,8 +212,7 @@ def seed_ui_data(conn: psycopg.Connection) -> str | None:
     """
     if conn.execute((SEED_SQL / "job_tables_have_rows.sql").read_text()).fetchone()[0]:
         return None
-    conn.execute((SEED_SQL / "demo_seed_calendar_activity.sql").read_text())
-    conn.commit()
+    seed_calendar_and_activity(conn)
     generate_outbox(conn, 40)
     generate_outbox(conn, 10, due_in=timedelta(hours=1))
     generate_outbox(conn, 5, status="Quarantined", attempts=12, last_error="HttpError 404")

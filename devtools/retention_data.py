@@ -18,12 +18,17 @@
 
 Ids are derived from ``tag`` (md5-based UUIDs) so several calls do not collide; the caller
 commits. Used by the retention tests, the demo and the benchmarks.
+
+A test that needs particular rows (an exact ``ended_at``, a status, a child to point a trigger
+at) writes them with :func:`insert_session`, :func:`insert_view` and :func:`insert_event`:
+one row each, random ids, the caller commits.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 
 import psycopg
 
@@ -158,6 +163,75 @@ def seed_sessions(
         young_sessions=n_young,
         property_object_views=n * views,
         action_events=n * events,
+    )
+
+
+def insert_session(
+    conn: psycopg.Connection,
+    *,
+    ended_at: datetime | None,
+    status: str = "Inactive",
+    sid: uuid.UUID | None = None,
+    views: int = 0,
+    events: int = 0,
+    linked: bool = False,
+) -> uuid.UUID:
+    """One session, started 900 days ago (database clock) and ended at ``ended_at`` (None: still
+    open), with ``views`` property_object_views and ``events`` action_events of its own. With
+    ``linked``, event k points at view k and view k back at event k, for k up to the smaller
+    count: the schema's circular SET NULL references. Returns the session's id."""
+    sid = sid or uuid.uuid4()
+    conn.execute(
+        "insert into user_activity.sessions"
+        " (id, status, started_at, last_activity_at, ended_at, created_at)"
+        " values (%(id)s, %(status)s, now() - interval '900 days', now() - interval '900 days',"
+        " %(ended_at)s, now() - interval '900 days')",
+        {"id": sid, "status": status, "ended_at": ended_at},
+    )
+    view_ids = [insert_view(conn, sid) for _ in range(views)]
+    for k in range(events):
+        view = view_ids[k] if linked and k < len(view_ids) else None
+        event = insert_event(conn, sid, view=view)
+        if view is not None:
+            set_apply_filter_event(conn, view, event)
+    return sid
+
+
+def insert_view(conn: psycopg.Connection, session: uuid.UUID) -> uuid.UUID:
+    """One property_object_view of ``session`` (a property object of its own), started now."""
+    view = uuid.uuid4()
+    conn.execute(
+        "insert into user_activity.property_object_views"
+        " (id, session_id, property_object_id, started_at) values (%s, %s, %s, now())",
+        (view, session, uuid.uuid4()),
+    )
+    return view
+
+
+def insert_event(
+    conn: psycopg.Connection,
+    session: uuid.UUID,
+    *,
+    view: uuid.UUID | None = None,
+    occurred_at: datetime | None = None,
+) -> uuid.UUID:
+    """One ApplyFilter action_event of ``session`` (on ``view`` when given), at ``occurred_at``
+    (default now)."""
+    event = uuid.uuid4()
+    conn.execute(
+        "insert into user_activity.action_events"
+        " (id, session_id, property_object_view_id, type, occurred_at)"
+        " values (%s, %s, %s, 'ApplyFilter', coalesce(%s::timestamptz, now()))",
+        (event, session, view, occurred_at),
+    )
+    return event
+
+
+def set_apply_filter_event(conn: psycopg.Connection, view: uuid.UUID, event: uuid.UUID) -> None:
+    """Point ``view`` at ``event`` (``apply_filter_event_id``, on delete set null)."""
+    conn.execute(
+        "update user_activity.property_object_views set apply_filter_event_id = %s where id = %s",
+        (event, view),
     )
 
 

@@ -1,4 +1,5 @@
-"""Fixtures for the DAG tier: a migrated Airflow metadata DB and a way to run a DAG for real.
+"""Fixtures for the DAG tier: the bundle's DagBag, a migrated Airflow metadata DB and a way to
+run a DAG for real.
 
 ``run_dag`` runs ``airflow dags test <dag_id>`` in a subprocess, exactly as docs/design.md,
 "Running a DAG the standard way" describes (``AIRFLOW_CONN_*`` for the connections,
@@ -22,6 +23,23 @@ from tests.environment import migrated_airflow_home
 
 
 @pytest.fixture(scope="session")
+def dagbag():
+    """The bundle's ``dags/`` folder as Airflow's DagBag parses it, once per session (per xdist
+    worker), in this process. Tests read it; none changes it. A test that needs the files
+    parsed under other settings builds its own (tests/dags/test_schedule_settings.py)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(ae.REPO / "dags"))
+
+
+def dag_of(dagbag, dag_id: str):
+    """``dag_id`` from ``dagbag``, its file parsed without an import error."""
+    errors = {path: e for path, e in dagbag.import_errors.items() if Path(path).stem == dag_id}
+    assert errors == {}
+    return dagbag.dags[dag_id]
+
+
+@pytest.fixture(scope="session")
 def airflow_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return migrated_airflow_home(tmp_path_factory.mktemp("airflow-home"))
 
@@ -31,7 +49,11 @@ RunDag = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture
 def run_dag(airflow_home: Path) -> RunDag:
-    """``run_dag(dag_id, db, conf=..., variables=..., selections_url=..., webhook_url=...)``."""
+    """``run_dag(dag_id, db, conf=..., variables=..., selections_url=..., webhook_url=...)``.
+
+    Through ``ae.airflow`` (forked from a warm interpreter) unless ``console_script``: then the
+    venv's ``airflow`` console script as a process of its own, exactly what a user runs.
+    """
 
     def run(
         dag_id: str,
@@ -43,6 +65,7 @@ def run_dag(airflow_home: Path) -> RunDag:
         webhook_url: str | None = None,
         extra_env: dict[str, str] | None = None,
         timeout: float = 300,
+        console_script: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         env = ae.airflow_env(
             airflow_home,
@@ -55,6 +78,15 @@ def run_dag(airflow_home: Path) -> RunDag:
         args = ["dags", "test", dag_id]
         if conf is not None:
             args += ["--conf", json.dumps(conf)]
+        if console_script:
+            return subprocess.run(
+                [str(ae.VENV_BIN / "airflow"), *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
         return ae.airflow(args, env, timeout=timeout)
 
     return run

@@ -97,8 +97,7 @@ PREBUILT_PROBE = """
 import sys
 from devtools import airflow_forkserver
 airflow_forkserver._warm()
-from airflow.api_fastapi.execution_api.app import InProcessExecutionAPI
-airflow_forkserver._prebuild_execution_api(InProcessExecutionAPI)
+InProcessExecutionAPI = airflow_forkserver._prebuild_execution_api()
 ours = ("dags", "include", "pin_maintenance_plugin")
 print("PROJECT_MODULES", sorted(m for m in sys.modules if m.split(".")[0] in ours))
 first, second = InProcessExecutionAPI(), InProcessExecutionAPI()

@@ -5,27 +5,22 @@ from __future__ import annotations
 import ast
 import json
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from devtools.pg import Database
 from include.pin_maintenance.jobs import slot_expiration as se
+from tests.dags.conftest import dag_of
 from tests.integration.slot_expiration_fixtures import insert_slot, statuses, table_state
 
 pytestmark = pytest.mark.dags
 
 DAG_ID = "calendar_slot_expiration"
-DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / f"{DAG_ID}.py"
 
 
 @pytest.fixture(scope="module")
-def dag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(DAG_FILE))
-    assert bag.import_errors == {}
-    return bag.dags[DAG_ID]
+def dag(dagbag):
+    return dag_of(dagbag, DAG_ID)
 
 
 def test_structure(dag):

@@ -24,13 +24,6 @@ EXPECTED = {
 TAG_VOCABULARY = {"pin", "postgres-maintenance", "news", "calendar", "user-activity", "runbook"}
 
 
-@pytest.fixture(scope="module")
-def dagbag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(DAG_DIR))
-
-
 def test_no_import_errors(dagbag):
     assert dagbag.import_errors == {}
 

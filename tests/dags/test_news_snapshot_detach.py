@@ -15,15 +15,6 @@ RETRY = "news_snapshot_detach_retry"
 REQUEUE = "news_snapshot_detach_requeue"
 
 
-@pytest.fixture(scope="module")
-def dagbag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    from devtools.airflow_env import REPO
-
-    return DagBag(dag_folder=str(REPO / "dags"))
-
-
 @pytest.mark.parametrize("dag_id", [RETRY, REQUEUE])
 def test_dag_loads_without_import_errors(dagbag, dag_id):
     mine = {k: v for k, v in dagbag.import_errors.items() if "news_snapshot_detach" in k}

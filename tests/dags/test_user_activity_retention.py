@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from devtools.retention_data import seed_sessions
+from tests.dags.conftest import dag_of
 
 pytestmark = pytest.mark.dags
 
@@ -19,14 +20,8 @@ def _completed_line(output: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def retention_dag():
-    from airflow.dag_processing.dagbag import DagBag
-
-    from tests.conftest import _REPO
-
-    bag = DagBag(dag_folder=str(_REPO / "dags" / f"{DAG_ID}.py"))
-    assert bag.import_errors == {}
-    return bag.dags[DAG_ID]
+def retention_dag(dagbag):
+    return dag_of(dagbag, DAG_ID)
 
 
 def test_schedule_and_run_policy(retention_dag):

@@ -24,7 +24,12 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from devtools.bench_data import RETENTION_SHAPES, load_retention, retention_dataset
-from devtools.retention_data import seed_sessions, session_id
+from devtools.retention_data import (
+    insert_session,
+    seed_sessions,
+    session_id,
+    set_apply_filter_event,
+)
 from include.pin_maintenance.db import SessionSettings, advisory_lock, configured
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.runloop import JobCancelled, StopSignal
@@ -101,33 +106,9 @@ def eligible_left(db, cutoff=None) -> dict[str, int]:
 
 def add_session(conn, *, ended_at, status: str = "Inactive", children: int = 1) -> uuid.UUID:
     """One session with ``children`` views and events, linked both ways (circular SET NULL)."""
-    sid = uuid.uuid4()
-    conn.execute(
-        "insert into user_activity.sessions"
-        " (id, status, started_at, last_activity_at, ended_at, created_at)"
-        " values (%(id)s, %(st)s, now() - interval '800 days', now() - interval '800 days',"
-        " %(e)s, now() - interval '800 days')",
-        {"id": sid, "st": status, "e": ended_at},
+    return insert_session(
+        conn, ended_at=ended_at, status=status, views=children, events=children, linked=True
     )
-    for _ in range(children):
-        view, event = uuid.uuid4(), uuid.uuid4()
-        conn.execute(
-            "insert into user_activity.property_object_views"
-            " (id, session_id, property_object_id, started_at) values (%s, %s, %s, now())",
-            (view, sid, uuid.uuid4()),
-        )
-        conn.execute(
-            "insert into user_activity.action_events"
-            " (id, session_id, property_object_view_id, type, occurred_at)"
-            " values (%s, %s, %s, 'ApplyFilter', now())",
-            (event, sid, view),
-        )
-        conn.execute(
-            "update user_activity.property_object_views set apply_filter_event_id = %s"
-            " where id = %s",
-            (event, view),
-        )
-    return sid
 
 
 @pytest.fixture
@@ -423,11 +404,7 @@ def test_circular_and_cross_session_references_are_cleared(db):
             "select id from user_activity.property_object_views where session_id = %s limit 1",
             (young,),
         ).fetchone()[0]
-        conn.execute(
-            "update user_activity.property_object_views set apply_filter_event_id = %s"
-            " where id = %s",
-            (old_event, young_view),
-        )
+        set_apply_filter_event(conn, young_view, old_event)
         conn.commit()
 
     result = job.run(connect_to(db), config(), telemetry(), StopSignal())

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 
+from devtools.retention_data import insert_session
 from include.pin_maintenance.db import configured, lock_key
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.runloop import StopSignal
@@ -41,16 +43,8 @@ def _held_seconds(db, pid: int) -> float:
 
 
 def _eligible_session(db) -> uuid.UUID:
-    sid = uuid.uuid4()
     with db.connect() as conn:
-        conn.execute(
-            "insert into user_activity.sessions (id, status, started_at, last_activity_at,"
-            " ended_at, created_at) values (%s, 'Inactive', now() - interval '900 days',"
-            " now() - interval '900 days', now() - interval '800 days',"
-            " now() - interval '900 days')",
-            (sid,),
-        )
-    return sid
+        return insert_session(conn, ended_at=datetime.now(UTC) - timedelta(days=800))
 
 
 @pytest.mark.parametrize(

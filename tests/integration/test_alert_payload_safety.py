@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -28,6 +27,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from devtools.retention_data import insert_event, insert_session
 from include.pin_airflow.alerts import on_task_failed
 from include.pin_maintenance.db import configured
 from include.pin_maintenance.jobs import activity_retention, slot_expiration
@@ -110,19 +110,10 @@ def _raise_trigger(conn: psycopg.Connection, table: str, row_value: str) -> None
 
 
 def test_a_trigger_raise_reaches_no_alert_of_retention(db, sinks: Sinks) -> None:
-    sid, event_id = uuid.uuid4(), uuid.uuid4()
     with db.connect() as conn:
         old = datetime.now(UTC) - timedelta(days=800)
-        conn.execute(
-            "insert into user_activity.sessions (id, status, started_at, last_activity_at,"
-            " ended_at, created_at) values (%s, 'Inactive', %s, %s, %s, %s)",
-            (sid, old, old, old, old),
-        )
-        conn.execute(
-            "insert into user_activity.action_events (id, session_id, type, occurred_at)"
-            " values (%s, %s, 'view', %s)",
-            (event_id, sid, old),
-        )
+        sid = insert_session(conn, ended_at=old)
+        event_id = insert_event(conn, sid, occurred_at=old)
         _raise_trigger(conn, "user_activity.action_events", "id")
     connect = configured(lambda: psycopg.connect(db.url), activity_retention.SESSION_SETTINGS)
     config = activity_retention.CONFIG.resolve(None, None)

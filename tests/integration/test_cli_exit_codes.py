@@ -13,9 +13,12 @@ import socket
 import subprocess
 import sys
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+
+from devtools.retention_data import insert_session
 
 pytestmark = pytest.mark.integration
 
@@ -85,14 +88,7 @@ def test_retention_cli_exits_1_on_a_failed_batch(db) -> None:
             "create table user_activity.session_notes (id uuid primary key, session_id uuid not"
             " null references user_activity.sessions (id) on delete restrict)"
         )
-        sid = uuid.uuid4()
-        conn.execute(
-            "insert into user_activity.sessions (id, status, started_at, last_activity_at,"
-            " ended_at, created_at) values (%s, 'Inactive', now() - interval '900 days',"
-            " now() - interval '900 days', now() - interval '800 days',"
-            " now() - interval '900 days')",
-            (sid,),
-        )
+        sid = insert_session(conn, ended_at=datetime.now(UTC) - timedelta(days=800))
         conn.execute("insert into user_activity.session_notes values (%s, %s)", (uuid.uuid4(), sid))
     done = cli(
         "include.pin_maintenance.jobs.activity_retention",

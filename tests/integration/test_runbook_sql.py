@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from devtools.pg import Database
+from devtools.retention_data import insert_session
 from devtools.selections_service import SelectionsService
 from include.pin_maintenance import sql
 from include.pin_maintenance.db import advisory_lock, configured, lock_key
@@ -83,39 +84,8 @@ def psql(db: Database, block: Block, **variables: object):
     return run_psql(db.url, block.sql, {k: str(v) for k, v in variables.items()})
 
 
-def add_session(
-    conn: psycopg.Connection,
-    *,
-    ended_days_ago: float | None,
-    status: str = "Inactive",
-    events: int = 0,
-    views: int = 0,
-    sid: uuid.UUID | None = None,
-    ended_at: datetime | None = None,
-) -> uuid.UUID:
-    sid = sid or uuid.uuid4()
-    if ended_at is None and ended_days_ago is not None:
-        ended_at = datetime.now(UTC) - timedelta(days=ended_days_ago)
-    conn.execute(
-        "insert into user_activity.sessions"
-        " (id, status, started_at, last_activity_at, ended_at, created_at)"
-        " values (%s, %s, now() - interval '900 days', now() - interval '900 days', %s,"
-        " now() - interval '900 days')",
-        (sid, status, ended_at),
-    )
-    for _ in range(views):
-        conn.execute(
-            "insert into user_activity.property_object_views"
-            " (id, session_id, property_object_id, started_at) values (%s, %s, %s, now())",
-            (uuid.uuid4(), sid, uuid.uuid4()),
-        )
-    for _ in range(events):
-        conn.execute(
-            "insert into user_activity.action_events (id, session_id, type, occurred_at)"
-            " values (%s, %s, 'click', now())",
-            (uuid.uuid4(), sid),
-        )
-    return sid
+def days_ago(days: float) -> datetime:
+    return datetime.now(UTC) - timedelta(days=days)
 
 
 def add_slot(conn: psycopg.Connection, *, start_in: timedelta, status: str = "Available"):
@@ -189,12 +159,13 @@ def one(rows: list[dict[str, str]]) -> dict[str, str]:
 @check("activity-retention-backlog.md", "as eligible, min(ended_at) as oldest_ended")
 def _eligible_backlog(db: Database, block: Block) -> None:
     with db.connect() as conn:
-        oldest = add_session(conn, ended_days_ago=800)
-        add_session(conn, ended_days_ago=400)
-        add_session(conn, ended_days_ago=366)
-        add_session(conn, ended_days_ago=364)  # young
-        add_session(conn, ended_days_ago=None, status="Active")
-        add_session(conn, ended_days_ago=500, status="Active")  # not Inactive: never eligible
+        oldest = insert_session(conn, ended_at=days_ago(800))
+        insert_session(conn, ended_at=days_ago(400))
+        insert_session(conn, ended_at=days_ago(366))
+        insert_session(conn, ended_at=days_ago(364))  # young
+        insert_session(conn, ended_at=None, status="Active")
+        # not Inactive: never eligible
+        insert_session(conn, ended_at=days_ago(500), status="Active")
         ended = conn.execute(
             "select ended_at from user_activity.sessions where id = %s", (oldest,)
         ).fetchone()[0]
@@ -210,10 +181,10 @@ def _eligible_backlog(db: Database, block: Block) -> None:
 @check("activity-retention-backlog.md", "each child table counted on its own")
 def _children_of_oldest(db: Database, block: Block) -> None:
     with db.connect() as conn:
-        add_session(conn, ended_days_ago=700, events=12, views=2)
-        add_session(conn, ended_days_ago=600, events=3, views=0)
-        add_session(conn, ended_days_ago=500)
-        add_session(conn, ended_days_ago=30, events=50, views=50)  # young: not counted
+        insert_session(conn, ended_at=days_ago(700), events=12, views=2)
+        insert_session(conn, ended_at=days_ago(600), events=3, views=0)
+        insert_session(conn, ended_at=days_ago(500))
+        insert_session(conn, ended_at=days_ago(30), events=50, views=50)  # young: not counted
     row = one(psql(db, block).rows())
     assert row == {"sessions": "3", "action_events": "15", "property_object_views": "2"}
 
@@ -247,10 +218,9 @@ def _failed_batch(db: Database, block: Block) -> None:
         conn.execute(EXTRA_FK)
         # ties on ended_at (three sessions a minute) so the batch order needs the id as well
         eligible = [
-            add_session(conn, ended_days_ago=None, ended_at=base + timedelta(minutes=i // 3))
-            for i in range(23)
+            insert_session(conn, ended_at=base + timedelta(minutes=i // 3)) for i in range(23)
         ]
-        add_session(conn, ended_days_ago=10)
+        insert_session(conn, ended_at=days_ago(10))
         ordered = [
             r[0]
             for r in conn.execute(

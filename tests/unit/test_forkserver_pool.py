@@ -19,6 +19,7 @@ class _Stub:
 
     def __init__(self, env: dict[str, str]) -> None:
         self.env, self.proc, self.ready, self.uses, self.closed = env, _Proc(), True, 0, False
+        self.changed = None
 
     def close(self, *, kill: bool = False) -> None:
         self.closed = True
