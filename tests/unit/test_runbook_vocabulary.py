@@ -39,6 +39,19 @@ DAG_METRIC_PREFIX = {
 }
 ALWAYS_LOGGED = {"job", "run_id"}  # JobLog.line puts them on every line
 LOG_METHODS = {"debug", "info", "warning", "error"}
+# A job's body logs the shared events through its JobRun (include/pin_maintenance/lifecycle.py,
+# ``run.started(...)``): method -> the event, the fields the method adds itself, and the
+# method's own keywords (not fields).
+RUN_METHODS: dict[str, tuple[str, dict[str, object], set[str]]] = {
+    "started": ("job_started", {}, set()),
+    "completed": ("job_completed", {}, {"duration_seconds", "success"}),
+    "skipped_lock_busy": (
+        "job_skipped",
+        {"reason": "lock_busy", "lock": None},
+        {"alerts", "count_contention"},
+    ),
+    "cancelled": ("job_cancelled", {"reason": None}, set()),
+}
 
 
 # ------------------------------------------------------------------------------- the docs
@@ -124,7 +137,29 @@ def logged_events() -> dict[str, dict[str, object]]:
                     name = kw.arg or "**"
                     value = kw.value.value if isinstance(kw.value, ast.Constant) else None
                     fields.setdefault(name, value)
+        for node in ast.walk(tree):
+            if not _is_run_method(node):
+                continue
+            event, added, own = RUN_METHODS[node.func.attr]
+            fields = events.setdefault(event, {})
+            for name, value in added.items():
+                fields.setdefault(name, value)
+            for kw in node.keywords:
+                if kw.arg not in own:
+                    value = kw.value.value if isinstance(kw.value, ast.Constant) else None
+                    fields.setdefault(kw.arg or "**", value)
     return events
+
+
+def _is_run_method(node: ast.AST) -> bool:
+    """``run.started(...)`` and its siblings, called on a JobRun named ``run``."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in RUN_METHODS
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == "run"
+    )
 
 
 @cache
