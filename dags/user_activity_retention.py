@@ -22,7 +22,7 @@ transaction; a crash, a failed batch or a bound (`max_batches_per_run`,
 manual rerun) finishes them. `delete_sessions` deletes only sessions with no children left, so
 it never hits the RESTRICT foreign keys. A Postgres advisory lock
 (`job:scheduled:activity-retention`) keeps a second runner out: a task that finds it busy logs
-`lock_skip` and succeeds without doing anything; `report` counts
+`job_skipped` (`reason=lock_busy`) and succeeds without doing anything; `report` counts
 `activity_retention_lock_contention_total` once for such a run and records no run duration.
 
 **Params** (empty = the Variable `user_activity_retention` (JSON) or the default):
@@ -58,7 +58,7 @@ and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectVie
   first/last session id, count and up to 20 ids): batches committed before are final, the
   batches other loops had in hand roll back; find the row that blocks the
   delete (unexpected FK, trigger, lock timeout) from the error, fix it, rerun the DAG.
-- *Lock never free* (`lock_skip` every night): find the holder in `pg_locks` (advisory lock,
+- *Lock never free* (`job_skipped` every night): find the holder in `pg_locks` (advisory lock,
   key = `lock_key("job:scheduled:activity-retention")`) and its backend in `pg_stat_activity`;
   the lease ends by itself after `max_run_duration_seconds + 300` s of idleness, or end the
   backend with `pg_terminate_backend`.

@@ -54,6 +54,8 @@ class JobCli:
     session: SessionSettings
     run: Callable[[CliRun], Mapping[str, Any]]  # returns the result dict to print
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    # session settings that depend on the job's own arguments (None: ``session`` as it is)
+    session_for: Callable[[argparse.Namespace], SessionSettings] | None = None
 
 
 def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
@@ -84,12 +86,14 @@ def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
         config = cli.spec.config.resolve(args.config, None, variable_source="--config")
     except ConfigError as exc:
         log.error(CONFIG_INVALID, error=str(exc))
+        print(describe_error(exc), file=sys.stderr)  # for a terminal, as a failure's line
         return EXIT_USAGE
+    session = cli.session_for(args) if cli.session_for is not None else cli.session
     stop = StopSignal()
     run = CliRun(
         args=args,
         config=config,
-        connect=configured(lambda: psycopg.connect(conninfo), cli.session),
+        connect=configured(lambda: psycopg.connect(conninfo), session),
         telemetry=Telemetry.local(log),
         stop=stop,
         dry_run=args.dry_run,

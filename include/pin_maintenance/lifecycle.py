@@ -157,8 +157,15 @@ class BackgroundAlerts:
 class JobRun:
     """One run (or one task of a multi-task run) of a job: what its body reports through."""
 
-    def __init__(self, spec: JobSpec, telemetry: Telemetry, span: Span) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        telemetry: Telemetry,
+        span: Span,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.spec = spec
+        self.wall_clock = wall_clock  # the last-success timestamp's clock
         self.telemetry = telemetry
         self.log = telemetry.log
         self.metrics = telemetry.metrics
@@ -210,7 +217,7 @@ class JobRun:
         if duration_seconds is not None:
             self.metrics.timing(self.spec.metrics.duration, timedelta(seconds=duration_seconds))
         if success:
-            self.metrics.gauge(self.spec.metrics.last_success, time.time())
+            self.metrics.gauge(self.spec.metrics.last_success, self.wall_clock())
         set_result(self.span, result)
         self.log.info(COMPLETED, **fields)
         self._ended = True
@@ -223,7 +230,13 @@ class JobRun:
 
 
 @contextmanager
-def job_run(spec: JobSpec, telemetry: Telemetry, phase: str = "run") -> Iterator[JobRun]:
+def job_run(
+    spec: JobSpec,
+    telemetry: Telemetry,
+    phase: str = "run",
+    *,
+    wall_clock: Callable[[], float] = time.time,
+) -> Iterator[JobRun]:
     """The span of one run (or of ``phase`` of a run), with its end logged however it ends.
 
     An exception logs ``job_failed`` with the error's description (a :class:`JobCancelled`
@@ -231,7 +244,7 @@ def job_run(spec: JobSpec, telemetry: Telemetry, phase: str = "run") -> Iterator
     re-raised as it is, so the task fails with the original error.
     """
     with telemetry.run_span(f"{spec.job} {phase}") as span:
-        run = JobRun(spec, telemetry, span)
+        run = JobRun(spec, telemetry, span, wall_clock)
         try:
             yield run
         except JobCancelled as exc:

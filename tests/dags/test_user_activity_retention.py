@@ -14,8 +14,8 @@ TABLES = ("sessions", "property_object_views", "action_events", "property_object
 
 
 def _completed_line(output: str) -> str:
-    """The report task's ``event=completed`` line (docs/design.md, "Log vocabulary")."""
-    (line,) = [x for x in output.splitlines() if "event=completed " in x]
+    """The report task's ``event=job_completed`` line (docs/design.md, "Log vocabulary")."""
+    (line,) = [x for x in output.splitlines() if "event=job_completed " in x]
     return line
 
 
@@ -165,7 +165,7 @@ def test_busy_lock_makes_every_delete_task_a_successful_noop(run_dag, seeded):
     assert done.returncode == 0, output[-4000:]
     assert _counts(db) == before
     # the first delete task finds the lock busy; the later ones cover only what it covered
-    assert output.count("event=lock_skip") == 1
+    assert output.count("event=job_skipped") == 1
     assert output.count("event=step_skipped") == 2
     assert "has_more=True" in _completed_line(output)
 

@@ -40,8 +40,6 @@ DAG_METRIC_PREFIX = {
 }
 ALWAYS_LOGGED = {"job", "run_id"}  # JobLog.line puts them on every line
 LOG_METHODS = {"debug", "info", "warning", "error"}
-
-
 # ------------------------------------------------------------------------------- the docs
 
 

@@ -1,0 +1,372 @@
+"""One delete step's keyset walk over the eligible sessions, shared by independent batch loops.
+
+Each loop (a lane of :func:`~include.pin_maintenance.parallel.run_batch_loops`, one
+connection each) repeats one batch: claim the next sessions, delete its table's rows of them,
+commit. Only the claim is serialised: a loop takes the walk's claim lock, locks the next
+``batch_size`` sessions after the shared keyset position (``FOR UPDATE SKIP LOCKED``, in its
+own transaction), moves the position on and lets go. Its delete and commit then run on their
+own: no loop ever waits for another loop with a transaction open, and no loop holds a
+transaction open between batches (a pooler in transaction mode can always hand its server
+connection to the loop that needs one).
+
+Commits are not ordered: with a failure the committed batches are any subset of the claimed
+ones. That is safe: every batch is atomic, the sessions step deletes only sessions without
+children, and the next run finishes what is left (data-driven resume).
+
+Stops. The shared loop checks the bounds between batches (``max_batches_per_run`` through
+its :class:`~include.pin_maintenance.parallel.BatchBudget`, the step's deadline except for the
+first batch, a stop request); the batches in hand finish and commit. Any exception in any loop,
+``BaseException`` included (the Task SDK's ``AirflowTaskTimeout``), cancels the crew: every
+loop's statement in flight is cancelled on the server (``conn.cancel_safe``), every batch not
+yet committed rolls back, and the first exception is re-raised once every loop has stopped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Span
+from psycopg import pq
+
+from include.pin_maintenance import sql
+from include.pin_maintenance.jobs.activity_retention_plan import (
+    _COUNT_SQL,
+    _DELETE_SQL,
+    _KEY_END,
+    _KEY_START,
+    DELETED_METRIC,
+    JOB,
+    M_BATCHES,
+    SESSION_SETTINGS,
+    RunPlan,
+    StepResult,
+)
+from include.pin_maintenance.lifecycle import describe_error
+from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
+from include.pin_maintenance.runloop import StopReason, StopSignal
+from include.pin_maintenance.telemetry import Alert, Telemetry, error_code
+
+# After any exception in a batch loop: a cancel request per loop (psycopg's cancel_safe waits
+# at most this long for each; they are sent one after the other), then each loop rolls back
+# and closes its connection.
+CANCEL_TIMEOUT_SECONDS = 5.0
+# The bounded join of the loops (run_lanes' grace): past the step's deadline the batches in
+# hand may still run their two statements (claim + delete, each <= statement_timeout); after a
+# cancel, loops stop within one cancel round trip. A loop still running after this is reported
+# (LanesDidNotStop) instead of waited for.
+STOP_GRACE_SECONDS = 2 * SESSION_SETTINGS.statement_timeout_ms / 1000 + 2 * CANCEL_TIMEOUT_SECONDS
+# A failed batch's log and alert carry its first/last id, its count and up to this many ids.
+FAILED_BATCH_SAMPLE_IDS = 20
+
+
+@dataclass(frozen=True)
+class ClaimedBatch:
+    """One claimed batch as the claim returns it: the ids stay a ``uuid[]`` literal that goes
+    back to the server as is (the client never parses 5000 uuids), plus what the logs need."""
+
+    index: int
+    ids: str  # '{...}': the sessions' ids, oldest first
+    count: int
+    first: uuid.UUID
+    last: uuid.UUID
+
+    def log_ids(self) -> dict[str, Any]:
+        return {
+            "first": str(self.first),
+            "last": str(self.last),
+            "count": self.count,
+            "ids": _sample_ids(self.ids),
+        }
+
+
+class BatchFailed(RuntimeError):
+    """A batch failed and was rolled back; earlier batches of the step stay committed."""
+
+    # the task fails with this after it sent retention_batch_failed (with the batch's ids):
+    # the task_failed alert names that event, so the two page once (ops/README.md)
+    alert_event = "retention_batch_failed"
+
+
+class KeysetWalk:
+    """The shared keyset position of one step and the batch every loop of the step repeats.
+
+    ``until`` is the last key the step before this one covered (None: no bound); reaching it
+    ends the walk with that step's ``bounded_by`` reason, so the run reports HasMore.
+    """
+
+    def __init__(
+        self,
+        plan: RunPlan,
+        table: str,
+        telemetry: Telemetry,
+        stop: StopSignal,
+        *,
+        deadline: Deadline,
+        until: tuple[datetime, uuid.UUID] | None = None,
+        bounded_by: str = StopReason.DRAINED.value,
+    ) -> None:
+        self.plan, self.table, self.telemetry, self.stop = plan, table, telemetry, stop
+        self.deadline = deadline
+        self.until_ended_at, self.until_id = until or _KEY_END
+        self._bounded_by = StopReason(bounded_by)
+        self._claim_lock = threading.Lock()  # the keyset position and the claim count
+        self._count_lock = threading.Lock()  # the totals
+        self._aborted = threading.Event()  # a loop failed: nothing more commits
+        self.after_ended_at, self.after_id = _KEY_START
+        self.claimed = 0  # batches claimed: the next batch's index
+        self.batches = 0  # batches committed (or counted, in a dry run)
+        self.rows = 0
+        self.stop_reason = StopReason.DRAINED
+        self._end: StopReason | None = None  # set once the walk reached the end of its range
+        self._select = sql.load(
+            "retention/peek_session_batch" if plan.dry_run else "retention/claim_session_batch"
+        )
+        self._act = sql.load(_COUNT_SQL[table] if plan.dry_run else _DELETE_SQL[table])
+
+    def run(self, conns: Sequence[psycopg.Connection]) -> StepResult:
+        """Walk with one batch loop per connection; the step's result once every loop stopped."""
+        parent = otel_context.get_current()  # side lanes' batch spans join the step's span
+        loops = run_batch_loops(
+            [_LaneBatch(self, conn, parent) for conn in conns],
+            stop=self.stop,
+            deadline=self.deadline,
+            budget=BatchBudget(self.plan.max_batches_per_run),
+            grace_seconds=STOP_GRACE_SECONDS,
+        )
+        self.stop_reason = self._reason(loops)
+        return StepResult(
+            table=self.table,
+            rows=self.rows,
+            batches=self.batches,
+            stop_reason=self.stop_reason.value,
+            dry_run=self.plan.dry_run,
+            last_ended_at=self.after_ended_at.isoformat() if self.claimed else None,
+            last_id=str(self.after_id) if self.claimed else None,
+        )
+
+    def _reason(self, loops: StopReason) -> StopReason:
+        """Why the step ended. The end of the range wins: loops that came back for more after
+        it met a bound or a stop with nothing left to claim."""
+        if self._end is not None:
+            return self._end
+        if self.stop.is_set():  # the run's stop (SIGTERM)
+            return StopReason.CANCELLED
+        if loops is StopReason.CANCELLED:  # the join cancelled loops past the deadline + grace
+            return StopReason.MAX_DURATION
+        return loops
+
+    def abort(self) -> None:
+        self._aborted.set()
+
+    def batch(self, lane: Lane, conn: psycopg.Connection) -> bool:
+        """Claim, delete and commit one batch on ``conn``; True when it was full."""
+        batch = self._claim(lane, conn)
+        if batch is None:
+            return False
+        attributes = {"pin.batch.index": batch.index, "pin.table": self.table}
+        with self.telemetry.span(f"{JOB} batch", attributes) as span:
+            self._act_on(conn, batch, span)
+        return batch.count >= self.plan.batch_size
+
+    def _claim(self, lane: Lane, conn: psycopg.Connection) -> ClaimedBatch | None:
+        """The next batch (its sessions row-locked in ``conn``'s open transaction), or None
+        when the end of the range, a stop or a failure says so."""
+        # A plain blocking wait: the holder runs one claim statement, which statement_timeout
+        # bounds and the crew's stop cancels (cancel_safe); `with` lets go on any exception,
+        # a signal's included. A timed wait would only add a lock leaked between a timed
+        # acquire and its try block when SIGALRM lands there.
+        with self._claim_lock:
+            if self._claiming_ended(lane):
+                return None
+            index = self.claimed
+            try:
+                _, count, ids, first, last_ended_at, last_id = conn.execute(
+                    self._select,
+                    {
+                        "cutoff": self.plan.cutoff,
+                        "after_ended_at": self.after_ended_at,
+                        "after_id": self.after_id,
+                        "until_ended_at": self.until_ended_at,
+                        "until_id": self.until_id,
+                        "batch_size": self.plan.batch_size,
+                    },
+                ).fetchone()
+            except psycopg.Error as exc:
+                if self._aborted.is_set():  # cancelled because a sibling failed
+                    return None
+                self._fail(conn, index, None, exc)
+            if not count:
+                conn.rollback()
+                self._reached_end()
+                return None
+            self.claimed += 1
+            self.after_ended_at, self.after_id = last_ended_at, last_id
+            if count < self.plan.batch_size:
+                self._reached_end()  # a short batch: nothing more in this step's range
+            return ClaimedBatch(index, ids, count, first, last_id)
+
+    def _claiming_ended(self, lane: Lane) -> bool:
+        # The loop checked the stop and the deadline before this lane waited for the claim
+        # lock; a sibling may have ended the range, failed or met the deadline meanwhile.
+        return (
+            self._end is not None
+            or self._aborted.is_set()
+            or lane.stop.is_set()
+            or (self.claimed > 0 and lane.deadline.expired())
+        )
+
+    def _reached_end(self) -> None:
+        # the end of the range an earlier, bounded step covered: this step is bounded by the
+        # same bound (HasMore), not drained
+        bounded = self.until_ended_at != _KEY_END[0]
+        self._end = self._bounded_by if bounded else StopReason.DRAINED
+
+    def _act_on(self, conn: psycopg.Connection, batch: ClaimedBatch, span: Span) -> None:
+        try:
+            cur = conn.execute(self._act, {"session_ids": batch.ids, "cutoff": self.plan.cutoff})
+            affected = cur.fetchone()[0] if self.plan.dry_run else cur.rowcount
+            if self._aborted.is_set():  # a sibling failed: this batch must not commit
+                conn.rollback()
+                self._rolled_back(span, batch)
+                return
+            if self.plan.dry_run:
+                conn.rollback()
+            else:
+                conn.commit()
+        except psycopg.Error as exc:
+            if self._aborted.is_set():  # cancelled on the server because a sibling failed
+                with contextlib.suppress(psycopg.Error):
+                    conn.rollback()
+                self._rolled_back(span, batch)
+                return
+            self._fail(conn, batch.index, batch, exc)
+        with self._count_lock:
+            self.rows += affected
+            self.batches += 1
+        if not self.plan.dry_run:
+            self.telemetry.metrics.incr(DELETED_METRIC[self.table], affected)
+            if self.table == "sessions":  # a session batch is done when its sessions are
+                self.telemetry.metrics.incr(M_BATCHES)
+        self.telemetry.log.debug(
+            "batch",
+            table=self.table,
+            batch_index=batch.index,
+            sessions=batch.count,
+            rows=affected,
+            dry_run=self.plan.dry_run,
+        )
+        if span.is_recording():
+            outcome = "counted" if self.plan.dry_run else "committed"
+            span.set_attributes(
+                {
+                    "pin.batch.sessions": batch.count,
+                    "pin.batch.rows": affected,
+                    "pin.batch.outcome": outcome,
+                }
+            )
+
+    def _rolled_back(self, span: Span, batch: ClaimedBatch) -> None:
+        self.telemetry.log.warning(
+            "batch_rolled_back",
+            table=self.table,
+            batch_index=batch.index,
+            reason="another batch loop failed",
+            batch_ids=json.dumps(batch.log_ids()),
+        )
+        if span.is_recording():
+            span.set_attributes(
+                {"pin.batch.sessions": batch.count, "pin.batch.outcome": "rolled_back"}
+            )
+
+    def _fail(
+        self, conn: psycopg.Connection, index: int, batch: ClaimedBatch | None, exc: psycopg.Error
+    ) -> None:
+        self.abort()  # before anything else: no sibling commits after this
+        # If the connection is gone, the server has rolled the batch back already.
+        with contextlib.suppress(psycopg.Error):
+            conn.rollback()
+        batch_ids: dict[str, Any] = batch.log_ids() if batch is not None else {}
+        # the alert carries class + SQLSTATE only (a trigger's RAISE text may hold row values);
+        # the task log keeps the server's first line for whoever debugs it
+        error = error_code(exc)
+        self.telemetry.log.error(
+            "batch_failed",
+            table=self.table,
+            batch_index=index,
+            batch_ids=json.dumps(batch_ids),
+            committed_batches=self.batches,
+            error=error,
+            message=describe_error(exc),
+        )
+        self.telemetry.alerts.send(
+            Alert(
+                name="retention_batch_failed",
+                severity="warning",
+                summary=(
+                    f"activity retention: batch {index} of {self.table} failed and was rolled "
+                    f"back; {self.batches} other batch(es) of the task are committed"
+                ),
+                details={"table": self.table, "batch_ids": batch_ids, "error": error},
+            )
+        )
+        raise BatchFailed(
+            f"{self.table}: batch {index} ({batch_ids.get('count', 0)} sessions, "
+            f"first {batch_ids.get('first')}, "
+            f"last {batch_ids.get('last')}) failed and was rolled back: {error}"
+        ) from exc
+
+
+class _LaneBatch:
+    """The batch one lane repeats, on its own connection; the lane's cancel hooks and trace
+    context are set up on its first batch."""
+
+    def __init__(
+        self, walk: KeysetWalk, conn: psycopg.Connection, parent: otel_context.Context
+    ) -> None:
+        self._walk, self._conn, self._parent = walk, conn, parent
+        self._joined = False
+
+    def __call__(self, lane: Lane) -> bool:
+        if not self._joined:
+            self._joined = True
+            if lane.index:
+                otel_context.attach(self._parent)  # this thread's own context, gone with it
+            lane.on_cancel(self._walk.abort)  # first: a batch not committed now rolls back
+            # interrupts this loop's statement in flight (a cancel that cannot get through
+            # gives up after CANCEL_TIMEOUT_SECONDS instead of psycopg's default 30 s)
+            lane.on_cancel(
+                functools.partial(self._conn.cancel_safe, timeout=CANCEL_TIMEOUT_SECONDS)
+            )
+        try:
+            return self._walk.batch(lane, self._conn)
+        except BaseException:
+            _end_interrupted(self._conn)
+            raise
+
+
+def _sample_ids(literal: str, limit: int = FAILED_BATCH_SAMPLE_IDS) -> list[str]:
+    """The first ``limit`` ids of a ``uuid[]`` literal '{a,b,...}' (without parsing them all)."""
+    if len(literal) <= 2:
+        return []
+    return literal[1:-1].split(",", limit)[:limit]
+
+
+def _end_interrupted(conn: psycopg.Connection) -> None:
+    """After an exception that psycopg did not handle (AirflowTaskTimeout, a bug): cancel a
+    statement still running on the server, then close, which ends the batch's transaction
+    (rolled back) at once. psycopg itself cancels only on KeyboardInterrupt/SystemExit."""
+    with contextlib.suppress(Exception):
+        if conn.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+            conn.cancel_safe(timeout=CANCEL_TIMEOUT_SECONDS)
+    with contextlib.suppress(Exception):
+        conn.close()
