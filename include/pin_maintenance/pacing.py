@@ -196,6 +196,8 @@ class Pacer:
         if self.limits.off:
             return
         row = conn.execute(sql.load("pacing/can_read_activity")).fetchone()
+        if not conn.autocommit:
+            conn.rollback()
         self._stats_readable = bool(row and row[0])
         if not self._stats_readable:
             self.telemetry.log.warning(

@@ -169,6 +169,7 @@ def test_empty_run_is_a_successful_noop(db):
         "SessionBatches": 0,
         "HasMore": False,
         "DryRun": False,
+        "PacedMs": 0,
     }
     assert counts(db) == before
     assert metrics.gauges["activity_retention_eligible_backlog"] == 0
@@ -753,6 +754,7 @@ def test_dry_run_counts_and_changes_nothing(db, seeded):
         "SessionBatches": 5,
         "HasMore": False,
         "DryRun": True,
+        "PacedMs": 0,
         "WouldDeleteSessions": 30,
         "WouldDeletePropertyObjectViews": 60,
         "WouldDeleteActionEvents": 60,

@@ -167,3 +167,20 @@ def test_a_slot_drain_with_pacing_off_never_probes(db, caplog):
     )
     assert result.expired_count == 2000 and result.paced_ms == 0
     assert not any("pacing_baseline" in r.getMessage() for r in caplog.records)
+
+
+def test_a_retention_night_on_a_busy_database_is_paced_and_still_deletes_its_sessions(db):
+    from devtools.retention_data import seed_sessions
+    from include.pin_maintenance.db import configured
+    from include.pin_maintenance.jobs import activity_retention as retention
+
+    with psycopg.connect(db.url) as conn:
+        seed_sessions(conn, 3000, 0, 2)
+    connect = configured(lambda: psycopg.connect(db.url), retention.SESSION_SETTINGS)
+    config = retention.CONFIG.resolve(None, {"batch_size": 100, "runners": 2})
+    telemetry = Telemetry.local(JobLog(retention.JOB, "run-1"), RecordingMetrics())
+    with busy(db.url, [CPU_HOG] * 4 + [WAL_HOG] * 2):
+        result = retention.run(connect, config, telemetry, StopSignal())
+    assert result.deleted_sessions == 3000 and not result.has_more
+    assert result.as_dict()["PacedMs"] > 0
+    assert all(step.paced_ms >= 0 for step in result.steps)

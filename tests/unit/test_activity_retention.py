@@ -23,6 +23,8 @@ def test_config_keys_and_defaults_are_the_design_contract():
         "runners": 3,
         "max_batches_per_run": 200,
         "max_run_duration_seconds": 1800,
+        "max_replica_lag_seconds": 2,
+        "max_neighbour_slowdown": 2,
     }
     assert job.CONFIG.extra_params == frozenset({"dry_run"})
 
@@ -127,6 +129,7 @@ def test_report_sums_the_steps_into_the_seed_result_and_emits_run_metrics():
         "SessionBatches": 3,
         "HasMore": True,
         "DryRun": False,
+        "PacedMs": 0,
     }
     assert tel.metrics.timings["activity_retention_run_duration_seconds"] == [12.5]
     assert tel.metrics.gauges["activity_retention_last_success_timestamp_seconds"] == 1_012.5

@@ -99,6 +99,7 @@ from include.pin_maintenance.jobs.activity_retention_plan import (
     M_BATCHES,
     M_ELIGIBLE_BACKLOG,
     M_LOCK_CONTENTION,
+    M_PACED_PREFIX,
     SESSION_SETTINGS,
     SPEC,
     TABLES,
@@ -114,6 +115,7 @@ from include.pin_maintenance.jobs.activity_retention_walk import (
     _sample_ids,
 )
 from include.pin_maintenance.lifecycle import JobRun, job_run
+from include.pin_maintenance.pacing import Pacer, PacingLimits
 from include.pin_maintenance.parallel import Deadline
 from include.pin_maintenance.runloop import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry, set_result
@@ -231,6 +233,8 @@ def prepare(
             eligible_backlog=int(backlog),
             dry_run=bool(dry_run),
             runners=int(config["runners"]),
+            max_replica_lag_seconds=float(config.get("max_replica_lag_seconds", 0)),
+            max_neighbour_slowdown=float(config.get("max_neighbour_slowdown", 0)),
         )
         telemetry.metrics.gauge(M_ELIGIBLE_BACKLOG, plan.eligible_backlog)
         run.started(
@@ -370,16 +374,11 @@ def _walk(
     conns[0].rollback()
     # The first batch always runs, so a step whose earlier tasks used up their share still
     # makes progress; later batches stop at the step's deadline.
+    deadline = Deadline(max(float(remaining), 0.0))
     walk = KeysetWalk(
-        plan,
-        table,
-        run.telemetry,
-        stop,
-        deadline=Deadline(max(float(remaining), 0.0)),
-        until=until,
-        bounded_by=bounded_by,
+        plan, table, run.telemetry, stop, deadline=deadline, until=until, bounded_by=bounded_by
     )
-    result = walk.run(conns)
+    result = walk.run(conns, pacer=_pacer(plan, run, conns, deadline))
     run.log.info(
         "step_completed",
         table=table,
@@ -389,6 +388,7 @@ def _walk(
         has_more=result.has_more,
         runners=len(conns),
         dry_run=plan.dry_run,
+        paced_ms=result.paced_ms,
     )
     if walk.stop_reason is StopReason.CANCELLED:
         raise run.cancelled(
@@ -399,6 +399,25 @@ def _walk(
             batches=walk.batches,
         )
     return result
+
+
+def _pacer(
+    plan: RunPlan, run: JobRun, conns: list[psycopg.Connection], deadline: Deadline
+) -> Pacer | None:
+    """The step's pacing (docs/design.md, "Pacing"), its baseline read before the first batch;
+    a dry run only reads and is not paced."""
+    limits = PacingLimits(plan.max_replica_lag_seconds, plan.max_neighbour_slowdown)
+    if plan.dry_run or limits.off:
+        return None
+    pacer = Pacer(
+        limits,
+        run.telemetry,
+        paced_metric_prefix=M_PACED_PREFIX,
+        deadline_remaining=deadline.remaining,
+    )
+    pacer.start(conns[0])
+    pacer.connections = dict(enumerate(conns))
+    return pacer
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ rules themselves (no database driver, no HTTP client).
 from __future__ import annotations
 
 from include.pin_maintenance.config import ConfigSpec, Setting
+from include.pin_maintenance.pacing_config import PACING_RULES, PACING_SETTINGS
 
 JOB = "user_activity_retention"
 
@@ -58,6 +59,8 @@ CONFIG = ConfigSpec(
                 "of the window), checked between batches."
             ),
         ),
+        *PACING_SETTINGS,
     ),
+    rules=PACING_RULES,
     extra_params=frozenset({"dry_run"}),
 )

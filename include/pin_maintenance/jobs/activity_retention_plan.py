@@ -46,6 +46,8 @@ M_BATCHES = "activity_retention_batches_processed"
 M_LOCK_CONTENTION = "activity_retention_lock_contention_total"
 M_RUN_DURATION = "activity_retention_run_duration_seconds"
 M_ELIGIBLE_BACKLOG = "activity_retention_eligible_backlog"
+# time the loops spent paced, one timer per reason (`<prefix>_replica_lag_seconds`, ...)
+M_PACED_PREFIX = "activity_retention_paced"
 DELETED_METRIC = {
     "action_events": "activity_retention_deleted_action_events",
     "property_object_views": "activity_retention_deleted_property_object_views",
@@ -82,6 +84,9 @@ class RunPlan:
     eligible_backlog: int
     dry_run: bool = False
     runners: int = 1  # batch loops per delete task (an XCom from before the key meant one)
+    # pacing (docs/design.md, "Pacing"); a plan from before the keys existed gets their defaults
+    max_replica_lag_seconds: float = 2.0
+    max_neighbour_slowdown: float = 2.0
 
     def to_xcom(self) -> dict[str, Any]:
         data = asdict(self)
@@ -111,6 +116,7 @@ class StepResult:
     # run cover no session past it; None = no batch claimed
     last_ended_at: str | None = None
     last_id: str | None = None
+    paced_ms: int = 0  # time its loops spent paced, summed over loops
 
     def covered(self) -> tuple[datetime, uuid.UUID] | None:
         """The last (ended_at, id) this step covered, or None when it covered everything."""
@@ -149,6 +155,7 @@ class RetentionResult:
     batches_processed: int = 0
     has_more: bool = False
     dry_run: bool = False
+    paced_ms: int = 0
     batches_by_table: dict[str, int] = field(default_factory=dict, compare=False)
     steps: tuple[StepResult, ...] = field(default=(), compare=False)
 
@@ -168,6 +175,7 @@ class RetentionResult:
             batches_by_table={s.table: s.batches for s in steps},
             has_more=any(s.has_more for s in steps),
             dry_run=dry_run,
+            paced_ms=sum(s.paced_ms for s in steps),
             steps=steps,
         )
 
@@ -188,6 +196,7 @@ class RetentionResult:
                 "SessionBatches": self.batches_by_table.get("sessions", 0),
                 "HasMore": self.has_more,
                 "DryRun": self.dry_run,
+                "PacedMs": self.paced_ms,
             }
         )
         if self.dry_run:

@@ -52,6 +52,7 @@ from include.pin_maintenance.jobs.activity_retention_plan import (
     StepResult,
 )
 from include.pin_maintenance.lifecycle import describe_error
+from include.pin_maintenance.pacing import Pacer
 from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
 from include.pin_maintenance.runloop import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Alert, Telemetry, error_code
@@ -133,8 +134,9 @@ class KeysetWalk:
         )
         self._act = sql.load(_COUNT_SQL[table] if plan.dry_run else _DELETE_SQL[table])
 
-    def run(self, conns: Sequence[psycopg.Connection]) -> StepResult:
-        """Walk with one batch loop per connection; the step's result once every loop stopped."""
+    def run(self, conns: Sequence[psycopg.Connection], pacer: Pacer | None = None) -> StepResult:
+        """Walk with one batch loop per connection, paced between batches by ``pacer`` (lane
+        ``i`` probes on ``conns[i]``); the step's result once every loop stopped."""
         parent = otel_context.get_current()  # side lanes' batch spans join the step's span
         loops = run_batch_loops(
             [_LaneBatch(self, conn, parent) for conn in conns],
@@ -142,6 +144,7 @@ class KeysetWalk:
             deadline=self.deadline,
             budget=BatchBudget(self.plan.max_batches_per_run),
             grace_seconds=STOP_GRACE_SECONDS,
+            pace=pacer.pace if pacer is not None else None,
         )
         self.stop_reason = self._reason(loops)
         return StepResult(
@@ -152,6 +155,7 @@ class KeysetWalk:
             dry_run=self.plan.dry_run,
             last_ended_at=self.after_ended_at.isoformat() if self.claimed else None,
             last_id=str(self.after_id) if self.claimed else None,
+            paced_ms=round(pacer.totals.total * 1000) if pacer is not None else 0,
         )
 
     def _reason(self, loops: StopReason) -> StopReason:
