@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import logging
 import math
 import re
 import signal
@@ -47,6 +48,8 @@ from devtools import pg
 from devtools.bench_core import DAG_IDS, Bench, BenchError, SectionSpec, _secs, _verdict, md_table
 from devtools.bench_slots import DRAIN_CONFIG
 from devtools.pg_cluster import Cluster
+
+log = logging.getLogger("devtools.bench")
 
 # the services' traffic: pgbench in open loop
 RATE = 300  # transactions per second, all clients together
@@ -640,6 +643,21 @@ def bench_neighbours(bench: Bench, out: list[str]) -> None:
                     n = next(runs)
                     result = state.run(case.job, case.config, traffic=traffic, tag=f"run{n}")
                     (case.loaded if traffic else case.alone).append(result)
+                    log.info(
+                        "neighbours round %d %s %s %s: window %.1f s, %.0f rows/s, p99 %s, "
+                        "replica behind %.2f s / %.0f MB",
+                        round_no + 1,
+                        case.job.key,
+                        case.label,
+                        "with traffic" if traffic else "alone",
+                        result.window.seconds,
+                        result.rate,
+                        f"{result.job.p99:.1f} ms (baseline {result.baseline.p99:.1f} ms)"
+                        if result.job and result.baseline
+                        else "-",
+                        result.behind_seconds,
+                        result.behind_bytes / 1024 / 1024,
+                    )
     finally:
         cluster.stop()
     _report(bench, cases, settings, out)
