@@ -306,23 +306,29 @@ class Traffic:
         return (self.workdir / f"{self.prefix.name}.out").read_text(errors="replace")[-2000:]
 
     def transactions(self) -> list[Transaction]:
-        txs = []
-        for path in sorted(self.workdir.glob(self.prefix.name + ".*")):
-            if path.suffix == ".out":
+        return read_pgbench_logs(self.workdir, self.prefix.name)
+
+
+def read_pgbench_logs(directory: Path, prefix: str) -> list[Transaction]:
+    """Every transaction in pgbench's per-thread logs ``<prefix>.<pid>[.<thread>]``; a last
+    line cut off by the stop is dropped."""
+    txs = []
+    for path in sorted(directory.glob(prefix + ".*")):
+        if path.suffix == ".out":
+            continue
+        text = path.read_text(errors="replace")
+        lines = text.splitlines()
+        if text and not text.endswith("\n"):
+            lines = lines[:-1]
+        for line in lines:
+            fields = line.split()
+            # client_id transaction_no time script_no time_epoch time_us schedule_lag
+            if len(fields) != 7 or not fields[2].isdigit():
                 continue
-            text = path.read_text(errors="replace")
-            lines = text.splitlines()
-            if text and not text.endswith("\n"):
-                lines = lines[:-1]
-            for line in lines:
-                fields = line.split()
-                # client_id transaction_no time script_no time_epoch time_us schedule_lag
-                if len(fields) != 7 or not fields[2].isdigit():
-                    continue
-                spent_us = int(fields[2]) + int(fields[6])
-                done = int(fields[4]) + int(fields[5]) / 1e6
-                txs.append(Transaction(done - spent_us / 1e6, spent_us / 1000))
-        return txs
+            spent_us = int(fields[2]) + int(fields[6])
+            done = int(fields[4]) + int(fields[5]) / 1e6
+            txs.append(Transaction(done - spent_us / 1e6, spent_us / 1000))
+    return txs
 
 
 # ---------------------------------------------------------------------------------------------
