@@ -2,8 +2,10 @@
 
     python -m devtools.bench            # default sizes (~10 min), writes docs/benchmarks.md
     python -m devtools.bench --full     # adds 1M eligible retention sessions (slow)
-    python -m devtools.bench --smoke    # tiny sizes, < 60 s, .local/bench/benchmarks-smoke.md
+    python -m devtools.bench --smoke    # tiny sizes, .local/bench/benchmarks-smoke.md
+                                        # (without neighbours: `--smoke --only neighbours`)
     python -m devtools.bench --only slots detach --runs 5 --out /tmp/b.md
+    python -m devtools.bench --only neighbours --neighbour-configs '[{}, {"runners": 1}]'
 
 What is measured (docs/benchmarks.md explains how to read it):
 
@@ -14,6 +16,9 @@ What is measured (docs/benchmarks.md explains how to read it):
   one transaction (retention, slots) or the selections service's own capacity at the job's
   concurrency (detach). Every timed run starts from an identical copy of the dataset (a
   template database cloned with ``CREATE DATABASE ... TEMPLATE``) and runs alternate job/limit.
+- The neighbours (``devtools.bench_neighbours``): what a drain through ``airflow dags test``
+  costs the services' own traffic (the real ``pgbench``, open loop) on the same primary and
+  a streaming replica of it, both servers its own (``devtools.pg_cluster``).
 - Once per job the DAG through ``airflow dags test`` (docs/design.md, "Running a
   DAG the standard way"), the
   fixed Airflow overhead of a run on an empty dataset, and the parse time of every DAG file.
@@ -43,7 +48,15 @@ from pathlib import Path
 
 import psycopg
 
-from devtools import bench_airflow, bench_detach, bench_retention, bench_slots, bench_tracing, pg
+from devtools import (
+    bench_airflow,
+    bench_detach,
+    bench_neighbours,
+    bench_retention,
+    bench_slots,
+    bench_tracing,
+    pg,
+)
 from devtools.bench_core import (
     BENCH_PGDATA,
     DAG_IDS,
@@ -72,12 +85,21 @@ REGISTRY: tuple[SectionSpec, ...] = (
     bench_detach.SECTION,
     bench_detach.CAPACITY,
     bench_tracing.SECTION,
+    bench_neighbours.SECTION,
     bench_airflow.PARSE,
     bench_airflow.AIRFLOW,
 )
 SECTIONS = tuple(spec.key for spec in REGISTRY)
 TITLES = {spec.key: spec.title for spec in REGISTRY}
-__all__ = ["DAG_IDS", "NOTES_MARKER", "REGISTRY", "SECTIONS", "TITLES", "main"]
+__all__ = [
+    "DAG_IDS",
+    "NOTES_MARKER",
+    "REGISTRY",
+    "SECTIONS",
+    "TITLES",
+    "default_sections",
+    "main",
+]
 
 log = logging.getLogger("devtools.bench")
 
@@ -229,6 +251,12 @@ def write_report(path: Path, text: str) -> None:
 # entry point
 
 
+def default_sections(*, smoke: bool) -> tuple[str, ...]:
+    """The sections a run without ``--only`` measures: all, or at smoke size those that
+    fit the smoke run's time."""
+    return tuple(spec.key for spec in REGISTRY if spec.in_smoke or not smoke)
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m devtools.bench", description=__doc__.split("\n")[0]
@@ -248,6 +276,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     sizes.add_argument("--empty-slots", type=int, nargs="+", metavar="ROWS")
     sizes.add_argument("--detach-rows", type=int)
     sizes.add_argument("--detach-seq-rows", type=int)
+    neighbours = parser.add_argument_group("neighbours (the services' latency during a drain)")
+    neighbours.add_argument("--neighbour-slots", metavar="ROWS:DUE")
+    neighbours.add_argument("--neighbour-retention", type=int, metavar="ELIGIBLE")
+    neighbours.add_argument("--neighbour-baseline", type=float, metavar="SECONDS")
+    neighbours.add_argument(
+        "--neighbour-configs",
+        type=bench_neighbours.parse_configs,
+        metavar="JSON",
+        help="cases: a JSON list of config dicts over each job's base config (both jobs), or "
+        '{"slots": [...], "retention": [...]}',
+    )
     return parser.parse_args(argv)
 
 
@@ -266,6 +305,14 @@ def plan_for(args: argparse.Namespace) -> Plan:
         changes["detach_rows"] = args.detach_rows
     if args.detach_seq_rows:
         changes["detach_seq_rows"] = args.detach_seq_rows
+    if args.neighbour_slots:
+        changes["neighbour_slots"] = tuple(int(x) for x in args.neighbour_slots.split(":"))
+    if args.neighbour_retention:
+        changes["neighbour_retention"] = args.neighbour_retention
+    if args.neighbour_baseline:
+        changes["neighbour_baseline_seconds"] = args.neighbour_baseline
+    if args.neighbour_configs is not None:
+        changes["neighbour_configs"] = args.neighbour_configs
     if changes:
         plan = dataclasses.replace(plan, name=f"{plan.name} (custom sizes)", **changes)
     return plan
@@ -305,7 +352,7 @@ def main(argv: Sequence[str]) -> int:
 
     try:
         info = machine_info(admin)
-        for key in args.only or SECTIONS:
+        for key in args.only or default_sections(smoke=args.smoke):
             section = Section(key, load_before=_loadavg())
             log.info("section %s (load %s)", key, section.load_before)
             t0 = time.perf_counter()

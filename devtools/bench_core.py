@@ -80,6 +80,12 @@ class Plan:
     airflow_runs: int  # `airflow dags test` runs per DAG on an empty dataset
     overhead_dags: tuple[str, ...]  # DAG ids run on an empty dataset
     dags_on_data: tuple[str, ...]  # jobs whose DAG runs once on the benchmark data
+    # the neighbour bench (devtools.bench_neighbours): its own primary and replica
+    neighbour_slots: tuple[int, int] = (2_000_000, 1_500_000)  # (table rows, due rows)
+    neighbour_retention: int = 100_000  # eligible sessions (project shape)
+    neighbour_baseline_seconds: float = 15.0  # traffic alone before each job run
+    # job -> config dicts, one case each (over the job's base config); None: the module's
+    neighbour_configs: dict[str, tuple[dict, ...]] | None = None
 
 
 SMOKE = Plan(
@@ -98,6 +104,9 @@ SMOKE = Plan(
     # each `airflow dags test` costs ~10 s: one empty run, one run on data, to stay < 60 s
     overhead_dags=("calendar_slot_expiration",),
     dags_on_data=("retention",),
+    neighbour_slots=(20_000, 15_000),
+    neighbour_retention=1_000,
+    neighbour_baseline_seconds=2.0,
 )
 DEFAULT = Plan(
     name="default",
@@ -625,6 +634,8 @@ class SectionSpec:
     """One benchmark section: ``run(bench, out)`` appends markdown lines to ``out``.
 
     ``dag_on_data`` (jobs only) runs the job's DAG once on its data for the Airflow section.
+    ``in_smoke`` False: ``--smoke`` runs it only when ``--only`` names it (a section too slow
+    for the smoke run that ``make test`` includes; its own smoke test names it).
     """
 
     key: str
@@ -632,3 +643,4 @@ class SectionSpec:
     run: Callable[[Bench, list[str]], None]
     dag_id: str | None = None
     dag_on_data: Callable[[Bench], DagOnData] | None = None
+    in_smoke: bool = True

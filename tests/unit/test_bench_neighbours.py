@@ -1,0 +1,83 @@
+"""The neighbour bench's readings (pure): its cases, the job's window, pgbench's logs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from devtools.bench_neighbours import (
+    JOBS,
+    Transaction,
+    Window,
+    job_window,
+    latency_in,
+    parse_configs,
+    percentile,
+    read_pgbench_logs,
+)
+
+SLOT_LOG = """\
+2026-12-03T09:35:18.101000Z [info     ] Filling up the DagBag [airflow.models.dagbag.DagBag]
+2026-12-03T09:35:56.944345Z [info     ] event=cycle_started job=calendar_slot_expiration \
+run_id=manual__x batch_size=2000 [pin_maintenance.calendar_slot_expiration] loc=telemetry.py:110
+2026-12-03T09:35:57.079122Z [info     ] event=batch_selected job=calendar_slot_expiration \
+run_id=manual__x batch_index=1 runner=1 count=2000 [pin_maintenance.calendar_slot_expiration]
+2026-12-03T09:35:58.500000Z [info     ] event=cycle_completed job=calendar_slot_expiration \
+run_id=manual__x expired_count=2000 [pin_maintenance.calendar_slot_expiration]
+2026-12-03T09:35:59.000000Z [info     ] event=cycle_completed job=other_dag run_id=y
+"""
+
+
+def test_a_list_of_configs_is_the_cases_of_both_jobs():
+    assert parse_configs('[{}, {"runners": 1}]') == {
+        "slots": ({}, {"runners": 1}),
+        "retention": ({}, {"runners": 1}),
+    }
+
+
+def test_configs_per_job_by_key_or_dag_id():
+    cases = parse_configs('{"calendar_slot_expiration": [{"batch_size": 500}], "retention": []}')
+    assert cases == {"slots": ({"batch_size": 500},), "retention": ()}
+
+
+@pytest.mark.parametrize(
+    "text", ['{"detach": [{}]}', '{"slots": {"runners": 1}}', '"runners"', "[1]"]
+)
+def test_configs_that_name_no_job_or_no_list_of_objects_are_refused(text):
+    with pytest.raises(ValueError, match="--neighbour-configs"):
+        parse_configs(text)
+
+
+def test_the_window_runs_from_the_jobs_start_line_to_its_end_line():
+    window = job_window(SLOT_LOG, JOBS["slots"])
+    assert window.seconds == pytest.approx(58.5 - 56.944345)
+
+
+def test_a_log_without_the_end_line_is_an_error():
+    cut = SLOT_LOG.split("2026-12-03T09:35:58.5", maxsplit=1)[0]
+    with pytest.raises(RuntimeError, match="event=cycle_completed"):
+        job_window(cut, JOBS["slots"])
+
+
+def test_pgbench_logs_give_schedule_time_and_latency_and_drop_a_cut_line(tmp_path: Path):
+    # time 2000 us + schedule lag 500 us, completed at 100.010000
+    (tmp_path / "pgbench_run1.42").write_text("0 1 2000 0 100 10000 500\n1 1 10")
+    (tmp_path / "pgbench_run1.42.1").write_text("2 1 1000 1 101 0 0\n")
+    (tmp_path / "pgbench_run1.out").write_text("pgbench (18.4)\n")
+    (tmp_path / "pgbench_run10.7").write_text("0 1 9 0 1 0 0\n")  # another run's log
+    txs = sorted(read_pgbench_logs(tmp_path, "pgbench_run1"), key=lambda t: t.scheduled)
+    assert [t.latency_ms for t in txs] == [2.5, 1.0]
+    assert txs[0].scheduled == pytest.approx(100.0075)
+    assert txs[1].scheduled == pytest.approx(100.999)
+
+
+def test_percentiles_interpolate_and_latency_counts_only_the_window():
+    assert percentile([1, 2, 3, 4], 0.5) == 2.5
+    assert math.isnan(percentile([], 0.99))
+    txs = [Transaction(float(t), float(t)) for t in range(100)]
+    inside = latency_in(txs, Window(10, 20))
+    assert (inside.count, inside.p50, inside.tps) == (10, 14.5, 1.0)
+    with pytest.raises(RuntimeError, match="no pgbench transaction"):
+        latency_in(txs, Window(200, 300))
