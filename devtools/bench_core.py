@@ -107,6 +107,7 @@ SMOKE = Plan(
     neighbour_slots=(20_000, 15_000),
     neighbour_retention=1_000,
     neighbour_baseline_seconds=2.0,
+    neighbour_configs={"slots": ({},), "retention": ({},)},  # the defaults only
 )
 DEFAULT = Plan(
     name="default",

@@ -120,20 +120,24 @@ JOBS = {
         dag_id=DAG_IDS["slots"],
         base=DRAIN_CONFIG | {"runners": 2},
         base_text="the runbook's drain: batch_size 2000, max_batches_per_cycle 100000, runners 2",
-        start_event="cycle_started",
-        end_event="cycle_completed",
+        start_event="job_started",
+        end_event="job_completed",
     ),
     "retention": NeighbourJob(
         key="retention",
         dag_id=DAG_IDS["retention"],
         base={"max_batches_per_run": 50_000, "max_run_duration_seconds": 7200},
         base_text="defaults, max_batches_per_run 50000 and max_run_duration_seconds 7200",
-        start_event="started",
-        end_event="completed",
+        start_event="job_started",
+        end_event="job_completed",
     ),
 }
-# one case per job today: the base config as it is (unpaced); --neighbour-configs adds more
-DEFAULT_CASES: dict[str, tuple[dict, ...]] = {"slots": ({},), "retention": ({},)}
+# The trade-off curve: the defaults (paced), a looser neighbour limit, and no pacing at all
+# (today's speed with nobody there is the unpaced case alone); --neighbour-configs for others.
+UNPACED = {"max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0}
+DEFAULT_CASES: dict[str, tuple[dict, ...]] = {
+    key: ({}, {"max_neighbour_slowdown": 4}, UNPACED) for key in ("slots", "retention")
+}
 
 
 def parse_configs(text: str) -> dict[str, tuple[dict, ...]]:
@@ -704,8 +708,8 @@ def _report(bench: Bench, cases: list[Case], settings: str, out: list[str]) -> N
         "scheduled for. *baseline*: the "
         f"{plan.neighbour_baseline_seconds:g} s of traffic alone just before the job, in the "
         "same run; *during the job*: the job's database window, from its "
-        "`event=cycle_started` / `event=started` line to its `event=cycle_completed` / "
-        "`event=completed` line. *Replica behind*: sampled every "
+        "`event=job_started` line to its `event=job_completed` line (retention: from its "
+        "prepare task to its report). *Replica behind*: sampled every "
         f"{SAMPLE_SECONDS:g} s over the window, the most seconds "
         "(`now() - pg_last_xact_replay_timestamp()` on the replica while WAL is pending) and "
         "bytes (`pg_current_wal_lsn() - replay_lsn` of `pg_stat_replication` on the primary). "

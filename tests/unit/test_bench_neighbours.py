@@ -20,13 +20,13 @@ from devtools.bench_neighbours import (
 
 SLOT_LOG = """\
 2026-12-03T09:35:18.101000Z [info     ] Filling up the DagBag [airflow.models.dagbag.DagBag]
-2026-12-03T09:35:56.944345Z [info     ] event=cycle_started job=calendar_slot_expiration \
+2026-12-03T09:35:56.944345Z [info     ] event=job_started job=calendar_slot_expiration \
 run_id=manual__x batch_size=2000 [pin_maintenance.calendar_slot_expiration] loc=telemetry.py:110
 2026-12-03T09:35:57.079122Z [info     ] event=batch_selected job=calendar_slot_expiration \
 run_id=manual__x batch_index=1 runner=1 count=2000 [pin_maintenance.calendar_slot_expiration]
-2026-12-03T09:35:58.500000Z [info     ] event=cycle_completed job=calendar_slot_expiration \
+2026-12-03T09:35:58.500000Z [info     ] event=job_completed job=calendar_slot_expiration \
 run_id=manual__x expired_count=2000 [pin_maintenance.calendar_slot_expiration]
-2026-12-03T09:35:59.000000Z [info     ] event=cycle_completed job=other_dag run_id=y
+2026-12-03T09:35:59.000000Z [info     ] event=job_completed job=other_dag run_id=y
 """
 
 
@@ -57,7 +57,7 @@ def test_the_window_runs_from_the_jobs_start_line_to_its_end_line():
 
 def test_a_log_without_the_end_line_is_an_error():
     cut = SLOT_LOG.split("2026-12-03T09:35:58.5", maxsplit=1)[0]
-    with pytest.raises(RuntimeError, match="event=cycle_completed"):
+    with pytest.raises(RuntimeError, match="event=job_completed"):
         job_window(cut, JOBS["slots"])
 
 

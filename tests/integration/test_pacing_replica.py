@@ -1,0 +1,141 @@
+"""Pacing by replica lag on a real streaming replica whose replay is held back.
+
+The cluster (a primary and a ``pg_basebackup -R`` replica, devtools/pg_cluster.py) is this
+module's own: a paused replica on the shared test server would hold every other test's drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from devtools import pg
+from devtools.pg_cluster import Cluster
+from include.pin_maintenance.pacing import REASON_REPLICA_LAG, Pacer, PacingLimits
+from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
+from tests.integration.slot_expiration_fixtures import insert_due_slots, run_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+WRITE_WAL = (
+    "insert into calendar.availability_slots (id, tenant_id, consultant_id, start_at, end_at,"
+    " status, version, created_at, updated_at) select gen_random_uuid(), gen_random_uuid(),"
+    " gen_random_uuid(), now(), now(), 'Booked', 1, now(), now() from generate_series(1, 2000)"
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(pg_admin_url) -> Iterator[Cluster]:  # pg_admin_url: skips without a Postgres
+    made = Cluster.start()
+    try:
+        pg.apply_schema(made.primary_url("postgres"))
+        made.wait_replica_caught_up(60)
+        yield made
+    finally:
+        made.stop()
+
+
+def pacer(deadline_at: float) -> Pacer:
+    return Pacer(
+        PacingLimits(max_replica_lag_seconds=1.0, max_neighbour_slowdown=0),
+        Telemetry.local(JobLog("pacing_test", "run-1"), RecordingMetrics()),
+        paced_metric_prefix="pacing_test_paced",
+        deadline_remaining=lambda: max(0.0, deadline_at - time.monotonic()),
+    )
+
+
+def replay(cluster: Cluster, action: str) -> None:
+    with psycopg.connect(cluster.replica_url("postgres"), autocommit=True) as conn:
+        conn.execute(f"select pg_wal_replay_{action}()")
+
+
+def test_a_held_back_replica_holds_the_loop_until_its_replay_resumes(cluster, caplog):
+    caplog.set_level(logging.INFO)
+    paced = pacer(time.monotonic() + 120)
+    with psycopg.connect(cluster.primary_url("postgres"), autocommit=True) as conn:
+        paced.start(conn)
+        paced.connections[0] = conn
+        paced.after_batch(0, StopSignal(), 0.05)  # caught up: no hold
+        assert paced.totals.total == 0
+        replay(cluster, "pause")
+        try:
+            conn.execute(WRITE_WAL)  # a batch's WAL the replica does not replay
+            paced.after_batch(0, StopSignal(), 0.05)  # seen written, not yet 1 s old
+            assert paced.totals.total == 0
+            time.sleep(1.5)
+            conn.execute(WRITE_WAL)  # the next batch: its loop is held now
+            threading.Timer(4.0, replay, args=(cluster, "resume")).start()
+            started = time.monotonic()
+            paced.after_batch(0, StopSignal(), 0.05)
+            held = time.monotonic() - started
+        finally:
+            replay(cluster, "resume")
+    assert 3.0 <= held < 30.0  # held while replay was paused, let go once it resumed
+    assert paced.totals.seconds[REASON_REPLICA_LAG] >= 3.0
+    lines = [r.getMessage() for r in caplog.records]
+    for event in ("event=job_paced ", "event=job_resumed "):
+        assert any(line.startswith(event) and "reason=replica_lag" in line for line in lines)
+
+
+def test_the_hold_ends_at_the_runs_deadline_and_on_a_stop(cluster):
+    with psycopg.connect(cluster.primary_url("postgres"), autocommit=True) as conn:
+        replay(cluster, "pause")
+        try:
+            conn.execute(WRITE_WAL)
+            paced = pacer(time.monotonic() + 3.0)
+            paced.start(conn)  # sees the WAL written, not replayed
+            paced.connections[0] = conn
+            time.sleep(1.5)  # the replica is now behind the limit
+            started = time.monotonic()
+            paced.after_batch(0, StopSignal(), 0.05)
+            assert time.monotonic() - started < 3.0  # within the deadline, not until resume
+
+            stop = StopSignal()
+            endless = pacer(time.monotonic() + 120)
+            endless.start(conn)
+            endless.connections[0] = conn
+            conn.execute(WRITE_WAL)
+            threading.Timer(1.0, stop.set, args=("SIGTERM received",)).start()
+            started = time.monotonic()
+            endless.after_batch(0, stop, 0.05)
+            assert time.monotonic() - started < 10.0  # the stop ends the hold
+        finally:
+            replay(cluster, "resume")
+
+
+def test_a_slot_drain_holds_while_the_replica_is_held_back_and_drains_once_it_resumes(
+    cluster, caplog
+):
+    caplog.set_level(logging.INFO)
+    primary = pg.Database(cluster.primary_url("postgres"), "postgres")
+    with primary.connect() as conn:
+        conn.execute("truncate calendar.availability_slots")
+        insert_due_slots(conn, 20_000)
+    cluster.wait_replica_caught_up(60)
+    replay(cluster, "pause")
+    resume = threading.Timer(5.0, replay, args=(cluster, "resume"))
+    resume.start()
+    try:
+        result = run_job(
+            primary,
+            {
+                "max_batches_per_cycle": 1000,
+                "batch_size": 200,
+                "max_run_duration_seconds": 60,
+                "max_replica_lag_seconds": 1,
+                "max_neighbour_slowdown": 0,
+            },
+        )
+    finally:
+        resume.cancel()
+        replay(cluster, "resume")
+    assert result.stop_reason == "drained" and result.expired_count == 20_000
+    assert result.paced_ms >= 2000  # held while replay was paused (both loops, summed)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("event=job_paced ") and "replica_lag" in line for line in lines)
