@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from include.pin_maintenance import lifecycle
 from include.pin_maintenance.db import lock_key
 from include.pin_maintenance.jobs import activity_retention, snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
@@ -39,6 +40,19 @@ DAG_METRIC_PREFIX = {
 }
 ALWAYS_LOGGED = {"job", "run_id"}  # JobLog.line puts them on every line
 LOG_METHODS = {"debug", "info", "warning", "error"}
+# The lifecycle's events (include/pin_maintenance/lifecycle.py), by the names of their
+# constants there; a job logs them through its JobRun: the method says the event and its
+# keyword arguments, but for the method's own parameters, are the line's fields.
+LIFECYCLE_EVENTS = {
+    name: getattr(lifecycle, name)
+    for name in ("STARTED", "COMPLETED", "SKIPPED", "CANCELLED", "FAILED", "CONFIG_INVALID")
+}
+JOB_RUN_METHODS = {
+    "started": (lifecycle.STARTED, set()),
+    "completed": (lifecycle.COMPLETED, {"duration_seconds", "success"}),
+    "skipped_lock_busy": (lifecycle.SKIPPED, {"alerts", "count_contention"}),
+    "cancelled": (lifecycle.CANCELLED, set()),
+}
 
 
 # ------------------------------------------------------------------------------- the docs
@@ -109,22 +123,38 @@ def logged_events() -> dict[str, dict[str, object]]:
     for _, tree in _trees():
         aliases = _log_aliases(tree)
         for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Attribute) and node.func.attr in JOB_RUN_METHODS:
+                event, own = JOB_RUN_METHODS[node.func.attr]
+                keywords = [kw for kw in node.keywords if kw.arg not in own]
+                _add_fields(events.setdefault(event, {}), keywords)
+                continue
             if not (
-                isinstance(node, ast.Call)
-                and (
+                (
                     _is_log_method(node.func)
                     or (isinstance(node.func, ast.Name) and node.func.id in aliases)
                 )
                 and node.args
             ):
                 continue
-            for event in _event_names(node.args[0]):
-                fields = events.setdefault(event, {})
-                for kw in node.keywords:
-                    name = kw.arg or "**"
-                    value = kw.value.value if isinstance(kw.value, ast.Constant) else None
-                    fields.setdefault(name, value)
+            arg = node.args[0]
+            if isinstance(arg, ast.Name) and arg.id in LIFECYCLE_EVENTS:
+                # the lifecycle's own line: its spread is the fields its caller passed, which
+                # the JobRun method call above counts where the job makes it
+                keywords = [kw for kw in node.keywords if kw.arg is not None]
+                _add_fields(events.setdefault(LIFECYCLE_EVENTS[arg.id], {}), keywords)
+                continue
+            for event in _event_names(arg):
+                _add_fields(events.setdefault(event, {}), node.keywords)
     return events
+
+
+def _add_fields(fields: dict[str, object], keywords: list[ast.keyword]) -> None:
+    for kw in keywords:
+        name = kw.arg or "**"
+        value = kw.value.value if isinstance(kw.value, ast.Constant) else None
+        fields.setdefault(name, value)
 
 
 @cache
