@@ -111,7 +111,7 @@ from include.pin_maintenance.lifecycle import (
     job_run,
 )
 from include.pin_maintenance.parallel import Deadline
-from include.pin_maintenance.runloop import StopReason, StopSignal
+from include.pin_maintenance.runloop import JobCancelled, StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry, record_error, resumed, set_result
 
 LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
@@ -246,7 +246,7 @@ class _Run:
                 return self._finish(started, success=True, lock_busy=True)
             cancelled = self._run_batches()
         if cancelled:
-            self._finish_cancelled(started)
+            raise self._finish_cancelled(started)
         healthy = not (self.result.auth_failed or self.result.misrouted)
         return self._finish(started, success=healthy)
 
@@ -430,15 +430,15 @@ class _Run:
         )
         return r
 
-    def _finish_cancelled(self, started: float) -> None:
-        """A stopped run: its measurements and result as for any run, then ``job_cancelled``
-        and :class:`JobCancelled` (no last-success: a cancelled run did not succeed)."""
+    def _finish_cancelled(self, started: float) -> JobCancelled:
+        """A stopped run: its measurements and result as for any run, then ``job_cancelled``;
+        returns the exception to raise (no last-success: a cancelled run did not succeed)."""
         elapsed = self._end_measurements(started, lock_busy=False)
         r = self.result
         self.metrics.timing(Metric.RUN_DURATION, timedelta(seconds=elapsed))
         set_result(self.lifecycle.span, r.as_dict())
         reason = self.stop.reason or "stop requested"
-        raise self.lifecycle.cancelled(
+        return self.lifecycle.cancelled(
             reason,
             reason,
             succeeded=r.succeeded,
