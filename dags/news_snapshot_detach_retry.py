@@ -108,7 +108,7 @@ SCHEDULE = dag_schedule(CONFIG.job, "*/5 * * * *", "UTC")
 )
 def news_snapshot_detach_retry():
     # A run ends within max_run_duration_seconds + detach_call_timeout_seconds + 5 s (default
-    # 250 s, issue 27); the timeout only catches a hung worker.
+    # 250 s); the timeout only catches a hung worker.
     @task(execution_timeout=timedelta(minutes=10), multiple_outputs=False)
     def detach_pending_snapshots() -> dict:
         """Claim due outbox rows, call selections detach, record each outcome (bounded run)."""

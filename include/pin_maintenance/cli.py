@@ -56,6 +56,8 @@ class JobCli:
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
     # session settings that depend on the job's own arguments (None: ``session`` as it is)
     session_for: Callable[[argparse.Namespace], SessionSettings] | None = None
+    # printed as the one stdout line on exit 3, for a CLI whose callers read one there
+    cancelled_output: Mapping[str, Any] | None = None
 
 
 def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
@@ -101,8 +103,10 @@ def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
     try:
         with stop.on_sigterm():
             result = cli.run(run)
-    except JobCancelled:
-        return EXIT_CANCELLED  # the lifecycle logged job_cancelled
+    except JobCancelled:  # the lifecycle logged job_cancelled
+        if cli.cancelled_output is not None:
+            print(json.dumps(dict(cli.cancelled_output), sort_keys=True), flush=True)
+        return EXIT_CANCELLED
     except ConfigError as exc:
         log.error(CONFIG_INVALID, error=str(exc))
         return EXIT_USAGE

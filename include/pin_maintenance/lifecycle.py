@@ -51,8 +51,10 @@ class JobMetrics:
     """The metric names a job's lifecycle emits (contracts: docs/design.md, "Metrics")."""
 
     counters: tuple[str, ...]  # sent at 0 when a run starts
-    duration: str  # a run that ran (a skip records none: its few ms would dilute the rules)
-    last_success: str
+    # a run that ran (a skip records none: its few ms would dilute the rules); None for a
+    # job without these metrics (the requeue runbook action)
+    duration: str | None
+    last_success: str | None
     lock_contention: str | None = None  # a run that found the single-runner lock busy
 
 
@@ -214,9 +216,9 @@ class JobRun:
     ) -> None:
         """Record the run's end: its duration (None for a run that did not run, e.g. a lock
         skip), the last-success gauge, the result on the run span, and ``job_completed``."""
-        if duration_seconds is not None:
+        if duration_seconds is not None and self.spec.metrics.duration:
             self.metrics.timing(self.spec.metrics.duration, timedelta(seconds=duration_seconds))
-        if success:
+        if success and self.spec.metrics.last_success:
             self.metrics.gauge(self.spec.metrics.last_success, self.wall_clock())
         set_result(self.span, result)
         self.log.info(COMPLETED, **fields)

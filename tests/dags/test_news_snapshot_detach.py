@@ -129,7 +129,7 @@ def test_requeue_dag_moves_chosen_rows(db, run_dag):
     assert (state[q1.snapshot_id].status, state[q1.snapshot_id].attempts) == ("Pending", 0)
     assert state[q1.snapshot_id].last_error == "requeued: HttpNotFound 404"
     assert state[q2.snapshot_id].status == "Quarantined"
-    assert "event=requeue_completed" in _output(done) and "requeued_count=1" in _output(done)
+    assert "event=job_completed" in _output(done) and "requeued_count=1" in _output(done)
 
 
 def test_requeue_dag_refuses_an_empty_choice(db, run_dag):

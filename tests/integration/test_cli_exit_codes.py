@@ -82,6 +82,23 @@ def test_slot_cli_exits_2_on_a_bad_config_before_connecting() -> None:
     assert "batch_size" in done.stderr
 
 
+def test_detach_cli_exits_2_on_a_bad_config_naming_key_value_and_source() -> None:
+    done = cli(
+        "include.pin_maintenance.jobs.snapshot_detach_cli",
+        "--db-url",
+        _closed_port_url(),
+        "--selections-url",
+        "http://127.0.0.1:9",
+        "--config",
+        '{"batch_size": 0}',
+    )
+    assert done.returncode == 2, done.stderr
+    assert "event=config_invalid" in done.stderr
+    assert "batch_size = 0 (from --config) is out of range" in done.stderr
+    assert "Traceback" not in done.stderr and "Variable" not in done.stderr
+    assert done.stdout == ""
+
+
 def test_retention_cli_exits_1_on_a_failed_batch(db) -> None:
     with db.connect() as conn:
         conn.execute(

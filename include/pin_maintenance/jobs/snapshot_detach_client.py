@@ -12,7 +12,7 @@ What comes back is an :class:`CallOutcome`: an HTTP status code, or the *class n
 transport error (``Timeout``, ``ConnectionError``), plus a parsed ``Retry-After``. Nothing else
 of the exchange is kept, so nothing secret can reach ``last_error`` or a log line.
 
-**Transport** (issue 27): a call through ``requests`` costs about 1.3 ms of client CPU, one
+**Transport**: a call through ``requests`` costs about 1.3 ms of client CPU, one
 through ``urllib3`` (which ``requests`` is built on) about 0.4 ms, and at 16-32 calls in flight
 the job is CPU-bound on a shared machine long before the service is. The client therefore
 reads the session's settings once (auth, headers, ``verify``, ``cert``) and sends the calls

@@ -10,7 +10,7 @@ from __future__ import annotations
 from include.pin_maintenance.config import ConfigSpec, Rule, Setting
 
 JOB = "news_snapshot_detach_retry"
-# What a run may take past max_run_duration_seconds + detach_call_timeout_seconds (issue 27):
+# What a run may take past max_run_duration_seconds + detach_call_timeout_seconds:
 # the last batch's outcome transaction, the backlog gauges and the alert flush (bounded to
 # ALERT_FLUSH_SECONDS of it) on a healthy database. docs/design/detach.md, "Run bound".
 RUN_MARGIN_SECONDS = 5.0

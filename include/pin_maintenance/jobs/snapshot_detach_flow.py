@@ -1,6 +1,6 @@
-"""How many detach calls the job has in flight, and when it stops calling (issue 16).
+"""How many detach calls the job has in flight, and when it stops calling.
 
-Two rules sit between the job's worker threads and the selections service:
+These rules sit between the job's worker threads and the selections service:
 
 - **Adaptive concurrency** (:class:`AdaptiveLimit`, AIMD like TCP's congestion control): a run
   starts with ``detach_concurrency_min`` calls in flight and grows while answers are healthy
@@ -14,7 +14,7 @@ Two rules sit between the job's worker threads and the selections service:
   congestion signal the ceiling is forgotten (the service has grown). A healthy
   answer slower than :data:`LATENCY_TOLERANCE` times the *baseline* holds the limit where it is
   instead of growing it (a queueing service answers slower before it fails). The baseline is
-  the median of the last :data:`BASELINE_WINDOW` healthy latencies (issue 27): one fast
+  the median of the last :data:`BASELINE_WINDOW` healthy latencies: one fast
   outlier moves a median by one place, so it cannot pin the limit the way "the fastest answer
   ever seen" did, and a service whose latency has a tail (lognormal, p99 = 4x median) holds
   the limit on about one answer in eight instead of most of them.
@@ -23,12 +23,12 @@ Two rules sit between the job's worker threads and the selections service:
   :data:`MAX_PAUSE_SECONDS`, or one that would end after the run's bound
   (``max_run_duration_seconds``), stops calling for the rest of the run instead: the next run
   is minutes away, and a run must not hold its lock idle.
-- **Run deadline** (issue 27): the gate holds the run's :class:`~include.pin_maintenance.parallel.
+- **Run deadline**: the gate holds the run's :class:`~include.pin_maintenance.parallel.
   Deadline`, which ends ``max_run_duration_seconds + detach_call_timeout_seconds`` after the
   run started. A call starts only while the deadline still allows a whole call
   (``deadline.allows(call_seconds)``), so every call that starts ends before the deadline;
   every wait in the gate takes its timeout from it.
-- **Misrouting breaker** (issue 27): while the run has had no 2xx, the first
+- **Misrouting breaker**: while the run has had no 2xx, the first
   ``misroute_quarantine_limit`` 404s quarantine their rows as usual; the next 404 says the
   route, not the snapshots, is wrong. Calls stop for the run, and that 404 and every later
   one are the misroute's evidence: their rows get their attempt back.
@@ -46,6 +46,8 @@ Two rules sit between the job's worker threads and the selections service:
   flight, so a run during an outage makes at most ``breaker_failure_threshold +
   detach_concurrency_min - 1`` calls before it stops, and the first run after recovery drains
   the backlog.
+- **Credentials refused**: a 401 or 403 stops calling for the rest of the run at once (every
+  later call would be refused the same way); the job gives those rows their attempt back.
 
 :class:`CallGate` is the thread-safe part the worker threads go through; the rules themselves
 (:func:`call_signal`, :class:`AdaptiveLimit`, :class:`Breaker`) are plain objects without
@@ -63,6 +65,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+from include.pin_maintenance.jobs.snapshot_detach_rules import AUTH_NAMES
 from include.pin_maintenance.parallel import Deadline
 
 LATENCY_TOLERANCE = 2.0  # healthy answers slower than this times the baseline: do not grow
@@ -214,7 +217,7 @@ class Breaker:
 
 @dataclass
 class Misroute:
-    """404s with no 2xx in the run: after ``limit`` of them the route looks wrong (issue 27)."""
+    """404s with no 2xx in the run: after ``limit`` of them the route looks wrong."""
 
     limit: int
     is_open: bool = False
@@ -257,18 +260,17 @@ class GateStats:
     peak_in_flight: int = 0
     paused_seconds: float = 0.0
     stopped_by_retry_after: bool = False
-    misrouted_at_call: int = 0  # calls admitted when the misroute breaker opened
 
 
 class CallGate:
     """The thread-safe gate every detach call passes: limit, pause, deadline, breakers.
 
     ``acquire`` blocks until the call may start and returns a :class:`Ticket`, or None when it
-    must not be made (a breaker open, calls stopped, the deadline no longer allows a whole
-    call of ``call_seconds``, or a Retry-After pause reaching past that point); ``release``
-    reports the outcome. ``on_open`` runs once, on the worker thread whose call opened the
-    outage breaker (it only logs). ``deadline`` is the run's one deadline (its clock is the
-    gate's clock).
+    must not be made (:attr:`calls_stopped`, the run's ``stopped``, the deadline no longer
+    allows a whole call of ``call_seconds``, or a Retry-After pause reaching past that point);
+    ``release`` reports the outcome. ``on_open`` runs once, on the worker thread whose call
+    opened the outage breaker (it only logs). ``deadline`` is the run's one deadline (its clock
+    is the gate's clock).
     """
 
     def __init__(
@@ -284,9 +286,10 @@ class CallGate:
         misroute_limit: int | None = None,
     ) -> None:
         self.limit = AdaptiveLimit(minimum, maximum)
-        self.breaker = Breaker(breaker_threshold)
+        self.outage_breaker = Breaker(breaker_threshold)
         self.misroute = Misroute(misroute_limit if misroute_limit is not None else 1 << 30)
         self.stats = GateStats()
+        self.auth_rejected = False  # a 401/403 answer: the credentials are refused
         self._deadline = deadline
         self._call_seconds = call_seconds
         self._stopped = stopped
@@ -298,11 +301,23 @@ class CallGate:
 
     @property
     def is_open(self) -> bool:
-        return self.breaker.is_open
+        """The outage breaker is open."""
+        return self.outage_breaker.is_open
 
     @property
     def is_misrouted(self) -> bool:
         return self.misroute.is_open
+
+    @property
+    def calls_stopped(self) -> bool:
+        """No call starts for the rest of the run: outage, misroute, refused credentials or a
+        Retry-After past the run's bound."""
+        return (
+            self.outage_breaker.is_open
+            or self.misroute.is_open
+            or self.auth_rejected
+            or self.stats.stopped_by_retry_after
+        )
 
     @property
     def deadline_reached(self) -> bool:
@@ -311,7 +326,7 @@ class CallGate:
 
     def outage_row(self, row_id: str) -> bool:
         with self._cond:
-            return row_id in self.breaker.outage_rows
+            return row_id in self.outage_breaker.outage_rows
 
     def misroute_row(self, row_id: str) -> bool:
         with self._cond:
@@ -325,13 +340,7 @@ class CallGate:
     def acquire(self) -> Ticket | None:
         with self._cond:
             while True:
-                if (
-                    self.breaker.is_open
-                    or self.misroute.is_open
-                    or self.stats.stopped_by_retry_after
-                    or self._stopped()
-                    or self.deadline_reached
-                ):
+                if self.calls_stopped or self._stopped() or self.deadline_reached:
                     return None
                 now = self._clock()
                 if self._paused_until > now:
@@ -375,9 +384,10 @@ class CallGate:
             # overshoot's burst of refusals, answered at once) is that cut's congestion event,
             # not more evidence of an outage: it neither extends nor resets the streak.
             stale = not cut and ticket.epoch < self.limit.epoch
-            opened = self.breaker.record(row_id, signal, stale=stale)
-            if self.misroute.record(row_id, outcome):
-                self.stats.misrouted_at_call = self.stats.calls
+            opened = self.outage_breaker.record(row_id, signal, stale=stale)
+            self.misroute.record(row_id, outcome)
+            if outcome.status_code in AUTH_NAMES:
+                self.auth_rejected = True
             self._cond.notify_all()
         if opened:
-            self._on_open(self.breaker, outcome)
+            self._on_open(self.outage_breaker, outcome)

@@ -12,6 +12,7 @@ update applies only to the Pending claim it made, so a requeue is never overwrit
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,13 +20,20 @@ from datetime import UTC, datetime
 from typing import Any
 
 from include.pin_maintenance import sql
-from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.config import ConfigError, ConfigSpec
 from include.pin_maintenance.db import Connect
+from include.pin_maintenance.lifecycle import JobMetrics, JobSpec, job_run
 from include.pin_maintenance.telemetry import Telemetry
 
 JOB = "news_snapshot_detach_requeue"
 REPORT_LIMIT = 100  # ids listed in the report; the count is always exact
 MAX_SNAPSHOT_IDS = 10_000
+# A runbook action: no config keys (its params are the choice) and no metrics of its own.
+SPEC = JobSpec(
+    job=JOB,
+    config=ConfigSpec(job=JOB, settings=()),
+    metrics=JobMetrics(counters=(), duration=None, last_success=None),
+)
 
 
 class RequeueRequestError(ConfigError):
@@ -129,14 +137,42 @@ def requeue(
     report_limit: int = REPORT_LIMIT,
 ) -> RequeueResult:
     """Requeue (or, with ``dry_run``, list) the chosen Quarantined rows in one transaction."""
-    log = telemetry.log
-    log.info("requeue_started", choice=choice.describe(), dry_run=dry_run)
+    with job_run(SPEC, telemetry) as run:
+        started = time.monotonic()
+        run.started(choice=choice.describe(), dry_run=dry_run)
+        result = RequeueResult(dry_run=dry_run, choice=choice.describe())
+        moved = _requeue_or_select(connect, choice, result, now(), dry_run=dry_run)
+        result.count = len(moved)
+        result.snapshot_ids = moved[:report_limit]
+        result.truncated = len(moved) > report_limit
+        run.completed(
+            result.as_dict(),
+            duration_seconds=time.monotonic() - started,
+            dry_run=dry_run,
+            requeued_count=0 if dry_run else result.count,
+            would_requeue_count=result.count if dry_run else 0,
+            skipped=len(result.skipped),
+            snapshot_ids=",".join(result.snapshot_ids) or "-",
+            truncated=result.truncated,
+        )
+    return result
+
+
+def _requeue_or_select(
+    connect: Connect,
+    choice: RequeueChoice,
+    result: RequeueResult,
+    now: datetime,
+    *,
+    dry_run: bool,
+) -> list[str]:
+    """The snapshot ids moved (or, dry run, that would move), sorted; a requested id that did
+    not move goes into ``result.skipped`` with why."""
     params = {
-        "now": now(),
+        "now": now,
         "all_quarantined": choice.all_quarantined,
         "snapshot_ids": list(choice.snapshot_ids),
     }
-    result = RequeueResult(dry_run=dry_run, choice=choice.describe())
     conn = connect()
     try:
         # dry run: a read-only select of the same rows the update would move
@@ -159,15 +195,4 @@ def requeue(
                         ) + (" (only Quarantined rows are requeued)" if found else "")
     finally:
         conn.close()
-    result.count = len(moved)
-    result.snapshot_ids = moved[:report_limit]
-    result.truncated = len(moved) > report_limit
-    log.info(
-        "requeue_completed" if not dry_run else "requeue_dry_run",
-        requeued_count=0 if dry_run else result.count,
-        would_requeue_count=result.count if dry_run else 0,
-        skipped=len(result.skipped),
-        snapshot_ids=",".join(result.snapshot_ids) or "-",
-        truncated=result.truncated,
-    )
-    return result
+    return moved

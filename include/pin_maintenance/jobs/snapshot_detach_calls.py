@@ -1,0 +1,281 @@
+"""The detach calls of one run: on worker threads, through the run's :class:`CallGate`.
+
+:class:`DetachCalls` queues each claimed row's call on a thread pool (one future per row),
+makes the call under the gate's limit and breakers, gives each row its verdict once its call is
+in (:meth:`DetachCalls.decide`), and after the last batch reports what the gate saw: the call
+counts, why calls stopped, and that run's alerts (:meth:`DetachCalls.report`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
+
+from include.pin_maintenance.jobs.snapshot_detach_client import (
+    DETACH_PATH,
+    CallOutcome,
+    DetachClient,
+)
+from include.pin_maintenance.jobs.snapshot_detach_flow import Breaker, CallGate
+from include.pin_maintenance.jobs.snapshot_detach_outcomes import Metric, OutcomeRecorder
+from include.pin_maintenance.jobs.snapshot_detach_rules import (
+    KNOWN_REASONS,
+    ClaimedRow,
+    Decision,
+    DetachResult,
+    Verdict,
+    classify,
+)
+from include.pin_maintenance.parallel import Deadline
+from include.pin_maintenance.runloop import StopReason
+from include.pin_maintenance.telemetry import Alert, AlertSink, Telemetry, record_error
+
+MISROUTE_ALERT = "selections_misrouted"
+OUTAGE_ALERT = "selections_unavailable"
+
+
+class DetachCalls:
+    """The calls of one run; :meth:`close` when the run's pipeline ends, however it ends."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        client: DetachClient | None,
+        deadline: Deadline,
+        stopped: Callable[[], bool],
+        telemetry: Telemetry,
+        alerts: AlertSink,
+        result: DetachResult,
+        outcomes: OutcomeRecorder,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.deadline = deadline
+        self.telemetry = telemetry
+        self.log = telemetry.log
+        self.alerts = alerts
+        self.result = result
+        self.outcomes = outcomes
+        self.call_seconds = float(config["detach_call_timeout_seconds"])
+        self._aborted = False  # the run's main thread failed: no new call starts
+        self.gate = CallGate(
+            int(config["detach_concurrency_min"]),
+            int(config["detach_concurrency"]),
+            int(config["breaker_failure_threshold"]),
+            deadline=deadline,
+            call_seconds=self.call_seconds,
+            stopped=lambda: stopped() or self._aborted,
+            on_open=self._log_outage_breaker_open,
+            misroute_limit=int(config["misroute_quarantine_limit"]),
+        )
+        self._workers = ThreadPoolExecutor(
+            max_workers=int(config["detach_concurrency"]), thread_name_prefix="detach"
+        )
+        self._count_lock = threading.Lock()
+        self._submitted = 0  # calls queued on the workers
+        self._taken = 0  # of them, picked up by a worker
+
+    # -- on the run's main thread ----------------------------------------------------------
+
+    def submit(self, rows: list[ClaimedRow], parent: Context) -> dict[str, Future]:
+        """Queue the call of each row with a known reason; row id -> its future."""
+        calls = [r for r in rows if r.reason in KNOWN_REASONS]
+        with self._count_lock:
+            self._submitted += len(calls)
+        return {r.id: self._workers.submit(self._call, r, parent) for r in calls}
+
+    def queued(self) -> int:
+        """Calls queued and not yet picked up by a worker."""
+        with self._count_lock:
+            return self._submitted - self._taken
+
+    def abandon(self, calls: dict[str, Future]) -> None:
+        """Past the deadline with calls still running (a client that ignored its timeout):
+        record them as timed out; the worker thread is left to finish on its own."""
+        for row_id, call in list(calls.items()):
+            if call.done():
+                continue
+            replacement: Future = Future()
+            if call.cancel():  # never started: not called, its attempt is given back
+                replacement.set_result(None)
+            else:
+                replacement.set_result(CallOutcome(error_class="Timeout"))
+                self.log.warning("entry_call_abandoned", outbox_id=row_id)
+            calls[row_id] = replacement
+
+    def decide(self, row: ClaimedRow, calls: dict[str, Future]) -> Decision:
+        """The verdict of a row that was queued, with what the gate learnt about the run
+        (outage, misroute)."""
+        outcome = calls[row.id].result()
+        if outcome is not None and self.gate.misroute_row(row.id):
+            return Decision(Verdict.MISROUTED, "HttpNotFound 404; route suspect")
+        return classify(
+            outcome,
+            row.attempts,
+            self.config["max_attempts"],
+            outage=outcome is not None and self.gate.outage_row(row.id),
+        )
+
+    def abort(self) -> None:
+        """The run failed: no new call starts (claimed rows keep their claim)."""
+        self._aborted = True
+
+    def close(self) -> None:
+        """Wake every waiting worker and drop the calls not started; never waits for one."""
+        self.gate.close()
+        self._workers.shutdown(wait=False, cancel_futures=True)
+
+    # -- one call, on a worker thread ------------------------------------------------------
+
+    def _call(self, row: ClaimedRow, parent: Context | None = None) -> CallOutcome | None:
+        """One detach call, or None when no call may start any more.
+
+        The call is a CLIENT span under ``parent`` (its batch's span); the client sends it to
+        selections as the W3C ``traceparent``.
+        """
+        with self._count_lock:
+            self._taken += 1
+        ticket = self.gate.acquire()  # waits for a slot (adaptive limit, Retry-After pause)
+        if ticket is None:  # calls stopped, the run stopped, or the deadline reached
+            return None
+        attributes = {
+            "http.request.method": "POST",
+            "url.template": DETACH_PATH,
+            "pin.snapshot_id": row.snapshot_id,
+            "pin.post_id": row.post_id,
+            "pin.attempts": row.attempts,
+        }
+        with self.telemetry.span(
+            "detach snapshot", attributes, kind=SpanKind.CLIENT, context=parent
+        ) as span:
+            outcome = self._detach(row)
+            if span.is_recording():
+                decision = classify(outcome, row.attempts, self.config["max_attempts"])
+                span.set_attribute("pin.outcome", decision.verdict.value)
+                if outcome.status_code is not None:
+                    span.set_attribute("http.response.status_code", outcome.status_code)
+                if decision.verdict is not Verdict.DONE:
+                    record_error(span, str(outcome.status_code or outcome.error_class))
+        self.gate.release(ticket, row.id, outcome)
+        return outcome
+
+    def _detach(self, row: ClaimedRow) -> CallOutcome:
+        assert self.client is not None  # checked in snapshot_detach.run()
+        try:
+            return self.client.call(
+                row.snapshot_id,
+                row.reason,
+                row.id,
+                # a whole call fitted when it started; never wait past the run's deadline
+                max(self.deadline.timeout(self.call_seconds), 0.001),
+            )
+        except Exception as exc:  # a client bug or infrastructure failure: this row only
+            self.log.error(
+                "entry_call_failed", snapshot_id=row.snapshot_id, error=type(exc).__name__
+            )
+            return CallOutcome(error_class=f"ClientError:{type(exc).__name__}")
+
+    def _log_outage_breaker_open(self, breaker: Breaker, outcome: CallOutcome) -> None:
+        """On the worker thread whose call opened the outage breaker (once)."""
+        self.log.warning(
+            "breaker_open",
+            consecutive_failures=breaker.failures_at_open,
+            error_code=classify(outcome, 1, 2).error,
+        )
+
+    # -- after the last batch --------------------------------------------------------------
+
+    def report(self, pipeline_reason: StopReason | str | None) -> None:
+        """After the last batch is recorded: the gate's counts into the result, the run's
+        stop reason, and the run's summary alerts."""
+        self._take_call_stats()
+        self.result.stop_reason = self._stop_reason_of_run(pipeline_reason)
+        self._announce_stopped_calls()
+
+    def _take_call_stats(self) -> None:
+        """What the gate saw into the result, and the concurrency gauge."""
+        gate, r = self.gate, self.result
+        r.calls = gate.stats.calls
+        r.throttled = gate.stats.throttled
+        r.retry_after_paused_seconds = gate.stats.paused_seconds
+        r.concurrency_limit = gate.limit.slots
+        r.concurrency_peak = gate.stats.peak_in_flight
+        r.misrouted = gate.is_misrouted
+        r.breaker_open = gate.is_open
+        if gate.is_open:
+            r.breaker_failures = gate.outage_breaker.failures_at_open
+        self.telemetry.metrics.gauge(Metric.CONCURRENCY, r.concurrency_limit)
+
+    def _stop_reason_of_run(self, pipeline_reason: StopReason | str | None) -> str:
+        """Why calls stopped, if they did (refused credentials first), else why the pipeline
+        stopped claiming."""
+        gate = self.gate
+        if gate.auth_rejected:
+            return "auth_failed"
+        if gate.is_open:
+            return "selections_unavailable"
+        if gate.is_misrouted:
+            return "selections_misrouted"
+        if gate.stats.stopped_by_retry_after:
+            return "retry_after"
+        return str(pipeline_reason or StopReason.DRAINED)
+
+    def _announce_stopped_calls(self) -> None:
+        """The run's summary alerts: the quarantine summary and, once each, why calls stopped
+        (a long Retry-After, a misrouting, an outage). Refused credentials alerted already."""
+        gate, r = self.gate, self.result
+        if gate.stats.stopped_by_retry_after and not gate.is_open:
+            self.log.warning("calls_paused_past_run_bound", throttled=r.throttled)
+        self.outcomes.summarize_quarantines()
+        if gate.is_misrouted:
+            self._alert_misrouted()
+        if gate.is_open:
+            self.telemetry.metrics.incr(Metric.BREAKER_OPEN)
+            self.alerts.send(
+                Alert(
+                    OUTAGE_ALERT,
+                    "warning",
+                    f"selections failed {r.breaker_failures} detach calls in a row; calls "
+                    f"stopped for this run after {r.calls} call(s), {r.outage_calls} of them "
+                    "and every row not called cost no attempt. The next run probes again.",
+                    {
+                        "consecutive_failures": r.breaker_failures,
+                        "calls": r.calls,
+                        "outage_calls": r.outage_calls,
+                        "given_back": r.given_back,
+                    },
+                )
+            )
+
+    def _alert_misrouted(self) -> None:
+        r = self.result
+        limit = int(self.config["misroute_quarantine_limit"])
+        quarantined_404 = self.gate.misroute.quarantined_404s
+        self.log.error(
+            MISROUTE_ALERT,
+            quarantined_404=quarantined_404,
+            misroute_calls=r.misroute_calls,
+            given_back=r.given_back,
+        )
+        self.alerts.send(
+            Alert(
+                MISROUTE_ALERT,
+                "critical",
+                f"selections answered 404 to {quarantined_404 + 1}+ detach calls and 2xx to "
+                "none: the selections route looks wrong (base URL, path, ingress). At most "
+                f"{limit} row(s) were quarantined; calls stopped for this run and every other "
+                "row cost no attempt. Check the selections_api connection.",
+                {
+                    "quarantined_404": quarantined_404,
+                    "misroute_calls": r.misroute_calls,
+                    "given_back": r.given_back,
+                    "limit": limit,
+                },
+            )
+        )
