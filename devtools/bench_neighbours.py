@@ -585,7 +585,7 @@ class Case:
     @property
     def label(self) -> str:
         if not self.config:
-            return "base (unpaced today)"
+            return "defaults (paced)"
         return "`" + json.dumps(self.config, sort_keys=True) + "`"
 
     def ratios(self, what: Callable[[RunResult, RunResult], float]) -> list[float]:
