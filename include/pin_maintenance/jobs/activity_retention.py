@@ -93,7 +93,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import Span
 from psycopg import pq
 
-from include.pin_maintenance import sql
+from include.pin_maintenance import privileges, sql
 from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import (
@@ -357,6 +357,8 @@ def _prepare(
     dry_run: bool,
     wall_clock: Callable[[], float],
 ) -> RunPlan:
+    # for all three delete steps: a role without DELETE on sessions must not delete events first
+    privileges.require(connect, JOB, telemetry)
     conn = connect()
     try:
         cutoff, deadline_at = conn.execute(
@@ -1058,6 +1060,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PoolTooSmall as exc:
         print(f"PoolTooSmall: {exc}", file=sys.stderr)
         return 1
+    except privileges.MissingPrivileges as exc:
+        print(f"MissingPrivileges: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(result.as_dict()))
     return 0
 

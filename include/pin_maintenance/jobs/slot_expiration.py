@@ -55,7 +55,7 @@ import psycopg
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from include.pin_maintenance import sql
+from include.pin_maintenance import privileges, sql
 from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import (
@@ -302,6 +302,7 @@ def _cycle(
         metrics.incr(counter, 0)
 
     try:
+        privileges.require(connect, JOB, telemetry)  # before any write
         with _session(connect) as conn:
             if dry_run:
                 return _dry_run(conn, cycle, telemetry, started=started, clock=clock, now=now)
@@ -734,8 +735,8 @@ def _ms(seconds: float) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: one cycle against ``--db-url``; prints the result as JSON.
 
-    Exit codes: 0 done, 2 invalid config (nothing written), 3 cancelled by SIGTERM after a
-    clean stop, 1 database failure.
+    Exit codes: 0 done, 2 invalid config or a database privilege missing (nothing written), 3
+    cancelled by SIGTERM after a clean stop, 1 database failure.
     """
     # Not __name__: under ``python -m`` that is "__main__" (the usage line must be pasteable).
     parser = argparse.ArgumentParser(
@@ -766,6 +767,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JobCancelled as exc:
         log.warning("cycle_cancelled", reason=str(exc))
         return 3
+    except privileges.MissingPrivileges as exc:
+        print(f"MissingPrivileges: {exc}", file=sys.stderr)
+        return 2
     except psycopg.Error:
         return 1
     print(json.dumps(result.as_dict(), sort_keys=True))

@@ -99,7 +99,7 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 
-from include.pin_maintenance import sql
+from include.pin_maintenance import privileges, sql
 from include.pin_maintenance.backoff import Backoff
 from include.pin_maintenance.db import (
     Connect,
@@ -542,6 +542,7 @@ class _Run:
             detach_concurrency=self.cfg["detach_concurrency"],
             breaker_failure_threshold=self.cfg["breaker_failure_threshold"],
         )
+        privileges.require(self.connect, JOB, self.t)  # before the lock and any write
         if dry_run:
             self._dry_run()
             return self._finish(started, success=True)

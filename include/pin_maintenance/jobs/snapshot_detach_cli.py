@@ -8,7 +8,8 @@ The passwords are read from the environment, never from the command line (which 
 user can see in ``ps``): the selections one from ``--password-env``, the database one from
 libpq's own sources (``PGPASSWORD``, ``~/.pgpass``, ``.pg_service.conf``) or
 ``--db-password-env``; a password in ``--db-url`` is refused. Prints the result as one JSON
-line; SIGTERM stops the run between rows (exit code 3).
+line; SIGTERM stops the run between rows (exit code 3); a database role without a privilege the
+job needs stops it before any write (exit code 2, naming the privilege).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from include.pin_maintenance.jobs.snapshot_detach_client import (
     HttpDetachClient,
     basic_auth_session,
 )
+from include.pin_maintenance.privileges import MissingPrivileges
 from include.pin_maintenance.runloop import JobCancelled, StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
 
@@ -69,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     except JobCancelled:
         print(json.dumps({"cancelled": True}), flush=True)
         return 3
+    except MissingPrivileges as exc:
+        print(f"MissingPrivileges: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(result.as_dict()), flush=True)
     return 0
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from include.pin_maintenance import sql
+from include.pin_maintenance import privileges, sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import Connect
 from include.pin_maintenance.telemetry import Telemetry
@@ -131,6 +131,7 @@ def requeue(
     """Requeue (or, with ``dry_run``, list) the chosen Quarantined rows in one transaction."""
     log = telemetry.log
     log.info("requeue_started", choice=choice.describe(), dry_run=dry_run)
+    privileges.require(connect, JOB, telemetry)  # before any write
     params = {
         "now": now(),
         "all_quarantined": choice.all_quarantined,
