@@ -11,7 +11,7 @@ so that ``down`` ends whole groups, LocalExecutor's task workers included; docs/
 - the embedded Postgres (``.local/pg``; or ``PIN_PG_URL``), with the Airflow metadata in database
   ``airflow_meta`` and the job tables in ``pin_dev`` (reference schema applied when created; the
   grant script ``include/sql/schema/job_roles.sql`` applied on every start: the job connections
-  log in as ``pin_news``, ``pin_calendar`` and ``pin_activity``, with a new password each time);
+  log in as ``pin_news``, ``pin_calendar`` and ``pin_activity``, password ``local-dev-secret``);
 - ``airflow api-server`` (UI and REST API), ``scheduler``, ``dag-processor``, ``triggerer``, with
   LocalExecutor and the metadata on Postgres (psycopg 3);
 - a webhook sink for the ``alerts_webhook`` connection (alerts land in ``.local/webhook.jsonl``);
@@ -302,9 +302,9 @@ class AirflowStack:
     ``components``: the Airflow components to run (a subset of :data:`COMPONENTS`).
     ``webhook_url``: where the ``alerts_webhook`` connection points; None starts a sink.
     ``job_schema``: apply the reference schema to the job database when it lacks it, and the
-    grant script (every time): the job connections log in as ``job_roles`` (given with their
-    passwords), or the dev roles (``pin_news``...) with new passwords; without it they log in as
-    the owner (a stack whose DAGs open no job table).
+    grant script (every time): the job connections log in as ``job_roles``, or the dev roles
+    (``pin_news``...; ``devtools.pg.dev_job_roles``); without it they log in as the owner (a
+    stack whose DAGs open no job table).
     ``demo_data``: seed the demo rows (:func:`devtools.demo.seed_ui_data`) when every job table
     is empty, so that a run triggered from the UI has something to do (``make up``).
     """
@@ -390,8 +390,8 @@ class AirflowStack:
             ).fetchone()[0]
         if not has_schema:
             pg.apply_schema(self.job_url)
-        roles = self.job_roles or pg.DEV_ROLE_NAMES
-        pg.apply_job_roles(self.job_url, {c: getattr(r, "name", r) for c, r in roles.items()})
+        roles = dict(self.job_roles or pg.dev_job_roles())
+        pg.apply_job_roles(self.job_url, {conn_id: role.name for conn_id, role in roles.items()})
         self.job_roles = pg.set_role_passwords(self.job_admin_url or self.admin_url, roles)
         self._env = None  # the connections change with the roles
         if self.demo_data:
@@ -805,6 +805,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         f"\nAirflow UI: {stack.url}\nlogin:      {login}\n"
         f"job DB:     {stack.job_url}"
         f" ({stack.seeded or 'existing rows kept, no demo data added'})\n"
+        f"job roles:  {', '.join(r.name for r in (stack.job_roles or {}).values())}"
+        " (include/sql/schema/job_roles.sql; what the job connections log in as)\n"
         f"alerts:     {stack.webhook_log}\n"
         f"selections: {stack.selections_url or 'not started (no devtools.selections_service)'}\n"
         f"logs:       {stack.run_dir / 'logs'}  (Airflow home {stack.home})"

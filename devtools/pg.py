@@ -32,12 +32,15 @@ ROLE_SETTINGS = {
     "calendar_db": "pin.calendar_db_role",
     "user_activity_db": "pin.user_activity_db_role",
 }
-# The roles of the demo and ``make up`` (the tests name theirs per session).
+# The roles of the demo and ``make up`` (the tests name theirs per session), with one local
+# development password, like the local selections service's: the demo and a running ``make up``
+# share the server and must not change each other's logins.
 DEV_ROLE_NAMES = {
     "news_db": "pin_news",
     "calendar_db": "pin_calendar",
     "user_activity_db": "pin_activity",
 }
+DEV_ROLE_PASSWORD = "local-dev-secret"
 
 
 def start_embedded(pgdata: Path = DEFAULT_PGDATA, *, keep_running: bool = True) -> str:
@@ -264,15 +267,19 @@ def drop_roles(admin: str, names: Mapping[str, str] | list[str]) -> list[str]:
     return left
 
 
+def dev_job_roles() -> dict[str, JobRole]:
+    """The demo's and ``make up``'s job roles."""
+    return {conn_id: JobRole(name, DEV_ROLE_PASSWORD) for conn_id, name in DEV_ROLE_NAMES.items()}
+
+
 def job_database(admin: str, name: str, roles: Mapping[str, JobRole] | None = None) -> Database:
-    """A fresh database with the reference schema and the grant script applied: the job
-    database of the demo, ``make up`` and the Airflow test stacks. ``roles`` (their passwords
-    set already) or, when None, the dev roles (``pin_news``...) with new passwords."""
+    """A fresh database with the reference schema and the grant script applied for ``roles``
+    (the dev roles by default), their passwords set: the demo's job database."""
+    roles = dict(roles or dev_job_roles())
     database = create_database(admin, name)
     apply_schema(database.url)
-    names = {conn_id: role.name for conn_id, role in (roles or {}).items()} or DEV_ROLE_NAMES
-    apply_job_roles(database.url, names)
-    return database.with_roles(roles or set_role_passwords(admin, names))
+    apply_job_roles(database.url, {conn_id: role.name for conn_id, role in roles.items()})
+    return database.with_roles(set_role_passwords(admin, roles))
 
 
 def main(argv: list[str]) -> int:

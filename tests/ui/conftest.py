@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from devtools import pg
 from devtools.local_airflow import REPO, AirflowStack
 from devtools.pg import JobRole
 from devtools.ui_browser import (
@@ -86,8 +87,11 @@ def ui_airflow(
         job_db=f"jobs_ui_{suffix}",
         job_roles=job_roles,
     )
-    with running_stack(stack, meta_template=airflow_meta_template, what="the UI stack"):
-        yield stack
+    try:
+        with running_stack(stack, meta_template=airflow_meta_template, what="the UI stack"):
+            yield stack
+    finally:  # its grants go with it, so the session can drop its job roles
+        pg.drop_database(pg_admin_url, stack.job_db)
 
 
 @pytest.fixture(scope="session")
