@@ -293,6 +293,8 @@ class Granted:
 def ask(connect: Connect, requirements: Sequence[Requirement]) -> tuple[str, list[bool | None]]:
     """The connection's role and the server's answer to each of :func:`items`."""
     asked = items(requirements)
+    if not asked:
+        raise ValueError("no privileges to check")
     conn = connect()
     try:
         rows = conn.execute(
@@ -305,7 +307,7 @@ def ask(connect: Connect, requirements: Sequence[Requirement]) -> tuple[str, lis
                 "privileges": [i.privilege for i in asked],
             },
         ).fetchall()
-        role = rows[0][2] if rows else str(conn.execute("select current_user").fetchone()[0])
+        role = str(rows[0][2])
         conn.rollback()
     finally:
         conn.close()
