@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from devtools import airflow_forkserver
@@ -24,7 +25,7 @@ JOB_CONN_IDS = ("news_db", "calendar_db", "user_activity_db")
 def airflow_env(
     home: Path,
     *,
-    job_db_url: str,
+    job_db_url: str | Mapping[str, str],
     selections_url: str | None = None,
     selections_login: str = "pin-maintenance",
     selections_password: str = "local-dev-secret",
@@ -33,7 +34,11 @@ def airflow_env(
     variables: dict[str, object] | None = None,
     extra: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """A full environment for an Airflow CLI subprocess (``os.environ`` plus our settings)."""
+    """A full environment for an Airflow CLI subprocess (``os.environ`` plus our settings).
+
+    ``job_db_url``: one URL for every job connection, or one per connection id (each job's role:
+    ``Database.job_urls()``).
+    """
     env = dict(os.environ)
     env.update(
         {
@@ -48,7 +53,8 @@ def airflow_env(
         }
     )
     for conn_id in JOB_CONN_IDS:
-        env[f"AIRFLOW_CONN_{conn_id.upper()}"] = airflow_conn_json(job_db_url)
+        url = job_db_url if isinstance(job_db_url, str) else job_db_url[conn_id]
+        env[f"AIRFLOW_CONN_{conn_id.upper()}"] = airflow_conn_json(url)
     if selections_url:
         env["AIRFLOW_CONN_SELECTIONS_API"] = json.dumps(
             {

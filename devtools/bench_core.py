@@ -47,6 +47,8 @@ DAG_IDS = {
     "slots": "calendar_slot_expiration",
     "detach": "news_snapshot_detach_retry",
 }
+# each job's connection, so the role it runs as (include/sql/schema/job_roles.sql)
+JOB_CONN_IDS = {"retention": "user_activity_db", "slots": "calendar_db", "detach": "news_db"}
 JOB_MODULES = {
     "retention": "include.pin_maintenance.jobs.activity_retention",
     "slots": "include.pin_maintenance.jobs.slot_expiration",
@@ -455,6 +457,10 @@ class Bench:
         self.workdir = workdir
         self.runs = runs or plan.runs
         self.prefix = f"pin_bench_{os.getpid()}"
+        # the jobs run as the roles of the grant script, as in production; these names are
+        # this bench's own (dropped at the end), and the datasets' owner sets them up
+        self.role_names = {c: f"{n}_{self.prefix}" for c, n in pg.DEV_ROLE_NAMES.items()}
+        self.roles: dict[str, pg.JobRole] = {}
         self.databases: list[str] = []
         self.templates: dict[tuple, pg.Database] = {}
         self.generation: list[tuple[str, str, float, str]] = []  # dataset, rows, secs, size
@@ -470,7 +476,7 @@ class Bench:
         name = f"{self.prefix}_{tag}"[:63]
         db = pg.create_database(self.admin, name, template=template)
         self.databases.append(name)
-        return db
+        return db.with_roles(self.roles)
 
     def drop(self, db: pg.Database) -> None:
         pg.drop_database(self.admin, db.name)
@@ -490,6 +496,10 @@ class Bench:
             return self.templates[key]
         db = self.new_database("tpl_" + "_".join(str(k) for k in key))
         pg.apply_schema(db.url)
+        pg.apply_job_roles(db.url, self.role_names)  # its clones carry the grants
+        if not self.roles:
+            self.roles = pg.set_role_passwords(self.admin, self.role_names)
+        db = db.with_roles(self.roles)
         started = time.perf_counter()
         load(db.url)
         seconds = time.perf_counter() - started
@@ -524,7 +534,7 @@ class Bench:
     def run_job(self, job: str, db: pg.Database, config: dict, **extra: object) -> JobRun:
         spec = {
             "job": job,
-            "url": db.url,
+            "url": db.job_url(JOB_CONN_IDS[job]),
             "config": config,
             "log_file": str(self.workdir / f"{job}.log"),
             **extra,
@@ -593,7 +603,7 @@ class Bench:
     ) -> Proc:
         env = ae.airflow_env(
             self.airflow_home(),
-            job_db_url=db.url,
+            job_db_url=db.job_urls(),
             selections_url=selections_url or self.selections().url,
             selections_login=SELECTIONS_LOGIN,
             selections_password=SELECTIONS_PASSWORD,
@@ -613,6 +623,8 @@ class Bench:
         for name in list(self.databases):
             with contextlib.suppress(psycopg.Error):
                 pg.drop_database(self.admin, name)
+        with contextlib.suppress(psycopg.Error):
+            pg.drop_roles(self.admin, self.role_names)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """`make demo`: every job on the embedded Postgres, run through Airflow, with a short report.
 
 1. starts the embedded PostgreSQL (or uses PIN_PG_URL) and recreates the database ``pin_demo``
-   with the reference schema and realistic data for all three jobs;
+   with the reference schema, the job roles of ``include/sql/schema/job_roles.sql``
+   (``pin_news``, ``pin_calendar``, ``pin_activity``: every DAG's job connection logs in as
+   its role, never as the owner) and realistic data for all three jobs;
 2. starts the local selections service on loopback (scripted: successes, already detached,
    5xx, unknown snapshots, throttling) and a webhook sink for alerts;
 3. runs each DAG once with ``airflow dags test`` (docs/design.md, "Running a DAG the
@@ -230,16 +232,18 @@ def main() -> int:
     else:
         where = f"embedded PostgreSQL in {LOCAL / 'pg'}"
     print(f"==> Postgres: {where}")
-    database = pg.create_database(admin, DEMO_DB)
-    pg.apply_schema(database.url)
+    database = pg.job_database(admin, DEMO_DB)
 
     with ExitStack() as stack:
         # Retry-After 2 s: the detach run pauses that long once (longer ones end its calls)
         selections = stack.enter_context(SelectionsService(latency_ms=20, retry_after_seconds=2))
         print(f"==> selections service on {selections.url} (20 ms per call, scripted answers)")
         seed(database.url, selections)
-        print(f"==> database {DEMO_DB}: reference schema + demo data")
-        env = ae.airflow_env(AIRFLOW_HOME, job_db_url=database.url, selections_url=selections.url)
+        roles = ", ".join(sorted({role.name for role in database.roles.values()}))
+        print(f"==> database {DEMO_DB}: reference schema + demo data; the jobs log in as {roles}")
+        env = ae.airflow_env(
+            AIRFLOW_HOME, job_db_url=database.job_urls(), selections_url=selections.url
+        )
         print("==> migrating the Airflow metadata DB (SQLite, first run only takes longer)")
         ae.migrate(env)
         failures = []

@@ -9,7 +9,9 @@ so that ``down`` ends whole groups, LocalExecutor's task workers included; docs/
 "Known Airflow 3.3.2 behaviour"):
 
 - the embedded Postgres (``.local/pg``; or ``PIN_PG_URL``), with the Airflow metadata in database
-  ``airflow_meta`` and the job tables in ``pin_dev`` (reference schema applied when created);
+  ``airflow_meta`` and the job tables in ``pin_dev`` (reference schema applied when created; the
+  grant script ``include/sql/schema/job_roles.sql`` applied on every start: the job connections
+  log in as ``pin_news``, ``pin_calendar`` and ``pin_activity``, password ``local-dev-secret``);
 - ``airflow api-server`` (UI and REST API), ``scheduler``, ``dag-processor``, ``triggerer``, with
   LocalExecutor and the metadata on Postgres (psycopg 3);
 - a webhook sink for the ``alerts_webhook`` connection (alerts land in ``.local/webhook.jsonl``);
@@ -299,7 +301,10 @@ class AirflowStack:
     import from their bundle only, the scheduler side from the installed distribution.
     ``components``: the Airflow components to run (a subset of :data:`COMPONENTS`).
     ``webhook_url``: where the ``alerts_webhook`` connection points; None starts a sink.
-    ``job_schema``: apply the reference schema to the job database when it lacks it.
+    ``job_schema``: apply the reference schema to the job database when it lacks it, and the
+    grant script (every time): the job connections log in as ``job_roles``, or the dev roles
+    (``pin_news``...; ``devtools.pg.dev_job_roles``); without it they log in as the owner (a
+    stack whose DAGs open no job table).
     ``demo_data``: seed the demo rows (:func:`devtools.demo.seed_ui_data`) when every job table
     is empty, so that a run triggered from the UI has something to do (``make up``).
     """
@@ -327,6 +332,7 @@ class AirflowStack:
     start_selections: bool = True
     parallelism: int = 4
     job_schema: bool = True
+    job_roles: Mapping[str, pg.JobRole] | None = None
     demo_data: bool = False
     seeded: str | None = None  # what demo_data put in, for the start-up message
     procs: list[Proc] = field(default_factory=list)
@@ -345,7 +351,14 @@ class AirflowStack:
 
     @property
     def job_url(self) -> str:
+        """The job database's owner URL (set-up, demo data, assertions)."""
         return pg.with_database(self.job_admin_url or self.admin_url, self.job_db)
+
+    def job_connection_urls(self) -> dict[str, str] | str:
+        """What the job connections log in with: their roles, once the grants are applied."""
+        if not self.job_roles:
+            return self.job_url
+        return pg.Database(self.job_url, self.job_db, self.job_roles).job_urls()
 
     @property
     def pid_file(self) -> Path:
@@ -377,6 +390,10 @@ class AirflowStack:
             ).fetchone()[0]
         if not has_schema:
             pg.apply_schema(self.job_url)
+        roles = dict(self.job_roles or pg.dev_job_roles())
+        pg.apply_job_roles(self.job_url, {conn_id: role.name for conn_id, role in roles.items()})
+        self.job_roles = pg.set_role_passwords(self.job_admin_url or self.admin_url, roles)
+        self._env = None  # the connections change with the roles
         if self.demo_data:
             from devtools.demo import seed_ui_data
 
@@ -436,7 +453,7 @@ class AirflowStack:
         extra.update(self.extra_env)
         env = airflow_env(
             self.home,
-            job_db_url=self.job_url,
+            job_db_url=self.job_connection_urls(),
             selections_url=self.selections_url,
             webhook_url=self.webhook_url,
             metadata_url=pg.sqlalchemy_url(self.meta_url),
@@ -788,6 +805,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         f"\nAirflow UI: {stack.url}\nlogin:      {login}\n"
         f"job DB:     {stack.job_url}"
         f" ({stack.seeded or 'existing rows kept, no demo data added'})\n"
+        f"job roles:  {', '.join(r.name for r in (stack.job_roles or {}).values())}"
+        " (include/sql/schema/job_roles.sql; what the job connections log in as)\n"
         f"alerts:     {stack.webhook_log}\n"
         f"selections: {stack.selections_url or 'not started (no devtools.selections_service)'}\n"
         f"logs:       {stack.run_dir / 'logs'}  (Airflow home {stack.home})"

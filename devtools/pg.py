@@ -11,8 +11,10 @@ external server instead of the embedded one; it must allow ``CREATE DATABASE``.
 from __future__ import annotations
 
 import os
+import secrets
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psycopg
@@ -22,7 +24,23 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PGDATA = REPO / ".local" / "pg"
 SCHEMA_FILE = REPO / "include" / "sql" / "schema" / "reference_schema.sql"
+JOB_ROLES_FILE = REPO / "include" / "sql" / "schema" / "job_roles.sql"
 EXTERNAL_URL_ENV = "PIN_PG_URL"
+# The grant script's parameter for each job connection (docs/deploying.md, "Database roles").
+ROLE_SETTINGS = {
+    "news_db": "pin.news_db_role",
+    "calendar_db": "pin.calendar_db_role",
+    "user_activity_db": "pin.user_activity_db_role",
+}
+# The roles of the demo and ``make up`` (the tests name theirs per session), with one local
+# development password, like the local selections service's: the demo and a running ``make up``
+# share the server and must not change each other's logins.
+DEV_ROLE_NAMES = {
+    "news_db": "pin_news",
+    "calendar_db": "pin_calendar",
+    "user_activity_db": "pin_activity",
+}
+DEV_ROLE_PASSWORD = "local-dev-secret"
 
 
 def start_embedded(pgdata: Path = DEFAULT_PGDATA, *, keep_running: bool = True) -> str:
@@ -116,12 +134,47 @@ def sqlalchemy_url(url: str) -> str:
 
 
 @dataclass(frozen=True)
+class JobRole:
+    """A job connection's login role, as the grant script made it, and its password."""
+
+    name: str
+    password: str
+
+
+@dataclass(frozen=True)
 class Database:
+    """A database: ``url`` is its owner's (set-up and assertions), ``roles`` the job
+    connections' roles (``news_db``, ``calendar_db``, ``user_activity_db``), when the grant
+    script was applied to it."""
+
     url: str
     name: str
+    roles: Mapping[str, JobRole] = field(default_factory=dict, compare=False)
 
     def connect(self, **kwargs) -> psycopg.Connection:
         return psycopg.connect(self.url, **kwargs)
+
+    def with_roles(self, roles: Mapping[str, JobRole]) -> Database:
+        return replace(self, roles=dict(roles))
+
+    def job_url(self, conn_id: str) -> str:
+        """The URL a job of connection ``conn_id`` logs in with: its role, never the owner."""
+        role = self.roles.get(conn_id)
+        if role is None:
+            raise LookupError(
+                f"database {self.name} has no job role for {conn_id}: apply the grant script "
+                "(devtools.pg.apply_job_roles) and pass the roles (Database.with_roles)"
+            )
+        return make_conninfo(self.url, user=role.name, password=role.password)
+
+    def job_urls(self) -> dict[str, str]:
+        """Every job connection's URL (for ``AIRFLOW_CONN_*``), by connection id."""
+        return {conn_id: self.job_url(conn_id) for conn_id in ROLE_SETTINGS}
+
+    def job_cli(self, conn_id: str) -> tuple[str, dict[str, str]]:
+        """A job CLI's ``--db-url`` as ``conn_id``'s role (no password) and its environment
+        (``PGPASSWORD``)."""
+        return without_password(self.job_url(conn_id))
 
     @property
     def cli_url(self) -> str:
@@ -170,6 +223,63 @@ def apply_schema(url: str) -> None:
     """Apply the reference schema (docs/design.md, "Database schema") to an empty database."""
     with psycopg.connect(url) as conn:
         conn.execute(SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+def apply_job_roles(url: str, names: Mapping[str, str]) -> None:
+    """Apply the grant script (``include/sql/schema/job_roles.sql``) to the database of ``url``
+    (its owner's) for the roles ``{connection id: role name}``: what a DBA runs with psql."""
+    unknown = set(names) - set(ROLE_SETTINGS)
+    if unknown:
+        raise ValueError(f"no job connection {sorted(unknown)}; expected {sorted(ROLE_SETTINGS)}")
+    with psycopg.connect(url) as conn:
+        for conn_id, setting in ROLE_SETTINGS.items():
+            conn.execute("select set_config(%s, %s, true)", (setting, names.get(conn_id, "")))
+        conn.execute(JOB_ROLES_FILE.read_text(encoding="utf-8"))
+
+
+def set_role_passwords(admin: str, roles: Mapping[str, str | JobRole]) -> dict[str, JobRole]:
+    """Set each role's password (the grant script creates them without one): a JobRole's own
+    (a server where it is new), a new random one for a bare name."""
+    roles = {
+        conn_id: role if isinstance(role, JobRole) else JobRole(role, secrets.token_urlsafe(18))
+        for conn_id, role in roles.items()
+    }
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for role in roles.values():
+            conn.execute(
+                sql.SQL("alter role {} password {}").format(
+                    sql.Identifier(role.name), sql.Literal(role.password)
+                )
+            )
+    return roles
+
+
+def drop_roles(admin: str, names: Mapping[str, str] | list[str]) -> list[str]:
+    """Drop the roles (their grants must be gone: drop their databases first); returns the
+    ones that could not be dropped (still granted something in a database that is left)."""
+    left = []
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for name in names.values() if isinstance(names, Mapping) else names:
+            try:
+                conn.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(name)))
+            except psycopg.errors.DependentObjectsStillReferenced:
+                left.append(name)
+    return left
+
+
+def dev_job_roles() -> dict[str, JobRole]:
+    """The demo's and ``make up``'s job roles."""
+    return {conn_id: JobRole(name, DEV_ROLE_PASSWORD) for conn_id, name in DEV_ROLE_NAMES.items()}
+
+
+def job_database(admin: str, name: str, roles: Mapping[str, JobRole] | None = None) -> Database:
+    """A fresh database with the reference schema and the grant script applied for ``roles``
+    (the dev roles by default), their passwords set: the demo's job database."""
+    roles = dict(roles or dev_job_roles())
+    database = create_database(admin, name)
+    apply_schema(database.url)
+    apply_job_roles(database.url, {conn_id: role.name for conn_id, role in roles.items()})
+    return database.with_roles(set_role_passwords(admin, roles))
 
 
 def main(argv: list[str]) -> int:

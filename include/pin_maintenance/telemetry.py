@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, Protocol
@@ -134,7 +134,10 @@ class Telemetry:
     """Everything a job run reports through: its log, its metrics, its alerts and its spans.
 
     ``run_attributes`` are put on the run span as they are (the Airflow glue passes the DAG
-    id, run id, task id and try number under Airflow's own attribute names).
+    id, run id, task id and try number under Airflow's own attribute names). ``refuse`` turns
+    the error of a run refused for its configuration (a missing database privilege: nothing was
+    written, no retry can help) into what the host fails such a run with (Airflow: a task
+    failure without a retry); None raises the error as it is.
     """
 
     log: JobLog
@@ -142,6 +145,7 @@ class Telemetry:
     alerts: AlertSink
     tracer: Tracer = _NO_OP
     run_attributes: Mapping[str, AttrValue] = field(default_factory=dict)
+    refuse: Callable[[Exception], BaseException] | None = None
 
     def run_span(self, name: str) -> contextlib.AbstractContextManager[Span]:
         """The span of one job run (current while it is open), carrying the correlation id."""

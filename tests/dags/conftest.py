@@ -3,7 +3,8 @@ run a DAG for real.
 
 ``run_dag`` runs ``airflow dags test <dag_id>`` in a subprocess, exactly as docs/design.md,
 "Running a DAG the standard way" describes (``AIRFLOW_CONN_*`` for the connections,
-``AIRFLOW_VAR_*`` for Variables), against the test's own database. The metadata DB is SQLite in
+``AIRFLOW_VAR_*`` for Variables), against the test's own database, each job connection logging
+in as its job role (``Database.job_urls()``), never as the owner. The metadata DB is SQLite in
 a per-session temp dir (migrated once, ~3 s), with the tests' cluster policy
 (tests/airflow_config: a failed task is retried after 2 s, not the DAGs' 30 s).
 """
@@ -69,7 +70,8 @@ def run_dag(airflow_home: Path) -> RunDag:
     ) -> subprocess.CompletedProcess[str]:
         env = ae.airflow_env(
             airflow_home,
-            job_db_url=db.url,
+            # no roles: a placeholder database that the fixture DAGs never open
+            job_db_url=db.job_urls() if db.roles else db.url,
             selections_url=selections_url,
             webhook_url=webhook_url,
             variables=variables,

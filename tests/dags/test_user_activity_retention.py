@@ -148,6 +148,50 @@ def test_invalid_config_fails_the_run_before_any_delete(run_dag, seeded, variabl
     assert _counts(db) == before
 
 
+def _alerts(output: str) -> list[dict]:
+    """The ``PIN_ALERT {json}`` payloads of a run's log, in order."""
+    import json
+
+    return [
+        json.JSONDecoder().raw_decode(line.split("PIN_ALERT ", 1)[1])[0]
+        for line in output.splitlines()
+        if "PIN_ALERT {" in line
+    ]
+
+
+def test_a_missing_grant_fails_prepare_once_with_one_configuration_alert(run_dag, seeded):
+    """The role without DELETE on sessions: prepare refuses for all three delete steps, before
+    any of them deletes an event; no retry (it would only fail again), one alert that says
+    configuration, and the task_failed that follows names it (one page per event)."""
+    from psycopg import sql
+
+    db = seeded
+    role = db.roles["user_activity_db"].name
+    with db.connect() as conn:
+        conn.execute(
+            sql.SQL("revoke delete on user_activity.sessions from {}").format(sql.Identifier(role))
+        )
+    before = _counts(db)
+
+    done = run_dag(DAG_ID, db)
+
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert _counts(db) == before
+    assert output.count("event=privileges_missing") == 1, output[-4000:]  # one try, no retry
+    assert f"role {role} lacks DELETE on user_activity.sessions (the sessions delete step)" in (
+        output
+    )
+    assert "event=batch" not in output  # no delete task ran
+    refused, failed = _alerts(output)
+    assert (refused["alert"], refused["severity"]) == ("database_privileges_missing", "critical")
+    assert refused["details"]["problem"] == "configuration"
+    assert refused["details"]["role"] == role
+    assert (failed["alert"], failed["details"]["task_id"]) == ("task_failed", "prepare")
+    assert failed["details"]["event"] == "database_privileges_missing"
+    assert failed["details"]["error"] == "MissingPrivileges"
+
+
 def test_busy_lock_makes_every_delete_task_a_successful_noop(run_dag, seeded):
     import psycopg
 

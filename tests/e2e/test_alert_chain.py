@@ -58,6 +58,7 @@ from tests.e2e.chain_fixtures import JOB_METRICS, Chain, alert_chain, assert_pan
 from tests.environment import migrated_airflow_home
 from tests.integration.slot_expiration_fixtures import insert_slot
 from tests.integration.snapshot_detach_fixtures import insert_entries, insert_entry
+from tests.job_db import job_url
 
 __all__ = ["alert_chain"]
 
@@ -150,10 +151,11 @@ def dags_test(
     selections: SelectionsService | None = None,
     password: str = "local-dev-secret",
 ) -> subprocess.CompletedProcess[str]:
-    """``airflow dags test`` the standard way, StatsD to the chain's exporter."""
+    """``airflow dags test`` the standard way, StatsD to the chain's exporter; the job
+    connections log in as the job roles."""
     env = ae.airflow_env(
         home,
-        job_db_url=db.url,
+        job_db_url=db.job_urls(),
         selections_url=selections.url if selections else None,
         selections_password=password,
         extra=chain.airflow_env(),
@@ -200,12 +202,16 @@ def test_each_condition_pages_the_first_time_after_a_fresh_exporter(
     done = dags_test(chain, dags_home, job_db, SLOTS)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
 
-    # a detach lock held past its lease by someone else: each run skips and raises
+    # a detach lock held past its lease by another worker of the job (its role: another role's
+    # holder shows no age without pg_read_all_stats): each run skips and raises
     # lock_held_too_long (the threshold is the lease, lock_ttl_seconds, which validation keeps
     # above the worst-case run); three busy runs also fire its rule, which the task alert of
     # the same event holds back (one page per event)
     stuck = {"max_run_duration_seconds": 1, "detach_call_timeout_seconds": 1, "lock_ttl_seconds": 8}
-    with advisory_lock(lambda: psycopg.connect(job_db.url), snapshot_detach.LOCK_NAME, 600) as held:
+    detach_worker = job_url(job_db, snapshot_detach.JOB)
+    with advisory_lock(
+        lambda: psycopg.connect(detach_worker), snapshot_detach.LOCK_NAME, 600
+    ) as held:
         assert held
         time.sleep(9)  # older than the lease the runs below are given
         for _ in range(3):
@@ -220,7 +226,8 @@ def test_each_condition_pages_the_first_time_after_a_fresh_exporter(
         seed_sessions(conn, 3, 0, 1, tag="busy")
         conn.commit()
     lock = activity_retention.LOCK_NAME
-    with advisory_lock(lambda: psycopg.connect(job_db.url), lock, 600) as held:
+    retention_worker = job_url(job_db, activity_retention.JOB)
+    with advisory_lock(lambda: psycopg.connect(retention_worker), lock, 600) as held:
         assert held
         busy = {"max_run_duration_seconds": 1}
         assert dags_test(chain, dags_home, job_db, RETENTION, conf=busy).returncode == 0

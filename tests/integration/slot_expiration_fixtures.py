@@ -6,11 +6,13 @@ Two test-only triggers drive the hard cases without sleeps:
   ``GATE_KEY``; a test that holds that lock freezes a batch mid-statement (row locks taken),
   can look at the world from other sessions, interrupt or kill the runner, then let it go;
 * the *poison*: an update of a slot listed in ``public.slot_poison`` raises.
+
+The trigger function reads its lists as their owner (``security definer``): the job's role has
+no privilege on test tables, and must not be granted one for a test.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import uuid
@@ -23,10 +25,11 @@ from typing import Any
 import psycopg
 
 from devtools.pg import Database
-from include.pin_maintenance.db import Connect, SessionSettings, configured
+from include.pin_maintenance.db import Connect, SessionSettings
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.runloop import StopSignal
-from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
+from include.pin_maintenance.telemetry import LogOnlyAlerts, RecordingMetrics, Telemetry
+from tests.job_db import job_connect, job_telemetry
 
 GATE_KEY = 4242
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -38,7 +41,7 @@ DRAIN = {"max_batches_per_cycle": 1000}
 TEST_TRIGGERS = """
 create table public.slot_gate (id uuid primary key);
 create table public.slot_poison (id uuid primary key);
-create function public.slot_test_trigger() returns trigger language plpgsql as $$
+create function public.slot_test_trigger() returns trigger language plpgsql security definer as $$
 begin
   if exists (select 1 from public.slot_poison p where p.id = old.id) then
     raise exception 'slot % rejected by test trigger', old.id;
@@ -132,18 +135,16 @@ class Run:
 
 
 def new_run(run_id: str = "test-run") -> Run:
-    log = JobLog(se.JOB, run_id, logging.getLogger(f"pin_maintenance.{se.JOB}"))
-    metrics = RecordingMetrics()
-    alerts = LogOnlyAlerts(log)
-    return Run(Telemetry(log, metrics, alerts), metrics, alerts)
+    telemetry = job_telemetry(se.JOB, run_id)
+    return Run(telemetry, telemetry.metrics, telemetry.alerts)
 
 
 def connect_for(db: Database, app: str = "slots-test", lock_timeout_ms: int = 60_000) -> Connect:
-    """The job's connection factory, tagged so that a test can find its backend."""
+    """The job's connection factory (its role), tagged so that a test can find its backend."""
     settings = SessionSettings(
         statement_timeout_ms=60_000, lock_timeout_ms=lock_timeout_ms, application_name=app
     )
-    return configured(lambda: psycopg.connect(db.url), settings)
+    return job_connect(db, se.JOB, settings)
 
 
 def run_job(

@@ -8,18 +8,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import psycopg
-
 from devtools.pg import Database
 from devtools.selections_service import DEFAULT_LOGIN, DEFAULT_PASSWORD, SelectionsService
-from include.pin_maintenance.db import SessionSettings, configured
 from include.pin_maintenance.jobs import snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach_client import (
     HttpDetachClient,
     basic_auth_session,
 )
 from include.pin_maintenance.runloop import StopSignal
-from include.pin_maintenance.telemetry import JobLog, Telemetry
+from include.pin_maintenance.telemetry import Telemetry
+from tests.job_db import job_connect, job_telemetry
 
 # fast but realistic defaults for tests: short timeout, small concurrency
 TEST_CONFIG = {"detach_call_timeout_seconds": 1.0, "detach_concurrency": 4}
@@ -31,17 +29,8 @@ def running_service() -> Iterator[SelectionsService]:
         yield svc
 
 
-def connect_to(db: Database):
-    return configured(lambda: psycopg.connect(db.url), SessionSettings(application_name="test"))
-
-
 def make_client(svc: SelectionsService, password: str = DEFAULT_PASSWORD) -> HttpDetachClient:
     return HttpDetachClient(svc.url, lambda: basic_auth_session(DEFAULT_LOGIN, password))
-
-
-def make_telemetry(run_id: str = "test_run") -> Telemetry:
-    log = JobLog(snapshot_detach.JOB, run_id)
-    return Telemetry.local(log)
 
 
 def config(**overrides: Any) -> dict[str, Any]:
@@ -124,12 +113,17 @@ def run_job(
     **kwargs: Any,
 ) -> snapshot_detach.DetachResult:
     cfg = kwargs.pop("cfg", None) or config()
-    telemetry = telemetry or make_telemetry()
+    telemetry = telemetry or job_telemetry(snapshot_detach.JOB)
     if client is None and svc is not None:
         client = make_client(svc, password)
     try:
         return snapshot_detach.run(
-            connect_to(db), cfg, telemetry, stop or StopSignal(), client, **kwargs
+            job_connect(db, snapshot_detach.JOB),
+            cfg,
+            telemetry,
+            stop or StopSignal(),
+            client,
+            **kwargs,
         )
     finally:
         if isinstance(client, HttpDetachClient):

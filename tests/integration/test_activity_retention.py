@@ -30,10 +30,11 @@ from devtools.retention_data import (
     session_id,
     set_apply_filter_event,
 )
-from include.pin_maintenance.db import SessionSettings, advisory_lock, configured
+from include.pin_maintenance.db import SessionSettings, advisory_lock
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.runloop import JobCancelled, StopSignal
-from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
+from include.pin_maintenance.telemetry import RecordingMetrics
+from tests.job_db import job_cli, job_connect, job_telemetry, job_url
 
 pytestmark = pytest.mark.integration
 
@@ -47,15 +48,6 @@ TABLES = ("sessions", "property_object_views", "action_events", "property_object
 
 
 # ---------------------------------------------------------------------------------- helpers
-
-
-def connect_to(db):
-    return configured(lambda: psycopg.connect(db.url), job.SESSION_SETTINGS)
-
-
-def telemetry(run_id: str = "test", metrics: RecordingMetrics | None = None) -> Telemetry:
-    log = JobLog(job.JOB, run_id)
-    return Telemetry.local(log, metrics)
 
 
 def config(**overrides):
@@ -137,7 +129,12 @@ def test_batches_split_sessions_that_share_one_ended_at(db, caplog):
         conn.commit()
     caplog.set_level(logging.DEBUG, logger="pin_maintenance")
 
-    result = job.run(connect_to(db), config(batch_size=3, runners=1), telemetry(), StopSignal())
+    result = job.run(
+        job_connect(db, job.JOB),
+        config(batch_size=3, runners=1),
+        job_telemetry(job.JOB),
+        StopSignal(),
+    )
 
     assert result.deleted_sessions == 8
     assert result.deleted_action_events == result.deleted_property_object_views == 8
@@ -157,7 +154,9 @@ def test_empty_run_is_a_successful_noop(db):
     before = counts(db)
     metrics = RecordingMetrics()
 
-    result = job.run(connect_to(db), config(), telemetry(metrics=metrics), StopSignal())
+    result = job.run(
+        job_connect(db, job.JOB), config(), job_telemetry(job.JOB, metrics=metrics), StopSignal()
+    )
 
     assert result.as_dict() == {
         "DeletedSessions": 0,
@@ -184,8 +183,8 @@ def test_empty_run_is_a_successful_noop(db):
 
 
 def test_children_go_before_parents_without_restrict_errors(db, seeded):
-    conn_factory = connect_to(db)
-    tel = telemetry()
+    conn_factory = job_connect(db, job.JOB)
+    tel = job_telemetry(job.JOB)
     plan = job.prepare(conn_factory, config(batch_size=7), tel)
     eligible = ids(1, 30)
 
@@ -212,8 +211,8 @@ def test_children_go_before_parents_without_restrict_errors(db, seeded):
 
 
 def test_threshold_is_strict_and_active_sessions_stay(db):
-    conn_factory = connect_to(db)
-    tel = telemetry()
+    conn_factory = job_connect(db, job.JOB)
+    tel = job_telemetry(job.JOB)
     plan = job.prepare(conn_factory, config(), tel)
     cutoff = plan.cutoff
     with db.connect() as conn:
@@ -239,7 +238,7 @@ def test_property_object_view_stats_are_untouched(db, seeded):
     stats_before = snapshot(db, "property_object_view_stats")
     assert stats_before
 
-    job.run(connect_to(db), config(batch_size=8), telemetry(), StopSignal())
+    job.run(job_connect(db, job.JOB), config(batch_size=8), job_telemetry(job.JOB), StopSignal())
 
     assert counts(db)["property_object_views"] == 20  # only the young sessions' views left
     assert snapshot(db, "property_object_view_stats") == stats_before
@@ -251,7 +250,9 @@ def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, see
         conn.execute(
             """
             create table public.poison (session_id uuid primary key);
-            create function public.refuse_poison() returns trigger language plpgsql as $$
+            -- security definer: it reads a test table the job's role has no privilege on
+            create function public.refuse_poison() returns trigger language plpgsql
+            security definer as $$
             begin
               if exists (select 1 from public.poison p where p.session_id = old.session_id) then
                 raise exception 'injected failure for session %', old.session_id;
@@ -264,12 +265,12 @@ def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, see
         )
         conn.execute("insert into public.poison values (%s)", (poison,))
         conn.commit()
-    tel = telemetry()
+    tel = job_telemetry(job.JOB)
 
     # one loop: the seed's "batches 1..N-1 committed" exactly (with several loops the committed
     # batches are any subset: test_a_failed_batch_with_several_loops_leaves_whole_batches)
     with pytest.raises(job.BatchFailed, match="batch 2"):
-        job.run(connect_to(db), config(batch_size=5, runners=1), tel, StopSignal())
+        job.run(job_connect(db, job.JOB), config(batch_size=5, runners=1), tel, StopSignal())
 
     # batches 1..2 (sessions 1..10) committed, batch 3 and later untouched
     assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
@@ -290,7 +291,9 @@ def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, see
     with db.connect() as conn:
         conn.execute("delete from public.poison")
         conn.commit()
-    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+    result = job.run(
+        job_connect(db, job.JOB), config(batch_size=5), job_telemetry(job.JOB), StopSignal()
+    )
 
     assert result.deleted_sessions == 30
     assert result.deleted_action_events == 40  # 20 sessions' events were left
@@ -302,7 +305,7 @@ def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, see
 def test_max_batches_bounds_a_run_and_the_next_runs_resume(db, seeded):
     bounded = config(batch_size=4, max_batches_per_run=3)
 
-    first = job.run(connect_to(db), bounded, telemetry(), StopSignal())
+    first = job.run(job_connect(db, job.JOB), bounded, job_telemetry(job.JOB), StopSignal())
 
     assert first.deleted_sessions == 12  # the 12 oldest
     assert first.deleted_action_events == first.deleted_property_object_views == 24
@@ -311,8 +314,8 @@ def test_max_batches_bounds_a_run_and_the_next_runs_resume(db, seeded):
     assert first.has_more is True
     assert existing(db, "sessions", "id", ids(1, 30)) == set(ids(13, 30))
 
-    second = job.run(connect_to(db), bounded, telemetry(), StopSignal())
-    third = job.run(connect_to(db), bounded, telemetry(), StopSignal())
+    second = job.run(job_connect(db, job.JOB), bounded, job_telemetry(job.JOB), StopSignal())
+    third = job.run(job_connect(db, job.JOB), bounded, job_telemetry(job.JOB), StopSignal())
 
     assert (second.deleted_sessions, second.has_more) == (12, True)
     assert (third.deleted_sessions, third.has_more) == (6, False)
@@ -324,9 +327,9 @@ def test_run_duration_bound_stops_between_batches_with_has_more(db, seeded):
     # A budget that is used up at once: each delete step still runs its first batch (progress
     # is guaranteed), then stops at the bound.
     result = job.run(
-        connect_to(db),
+        job_connect(db, job.JOB),
         config(batch_size=4, max_run_duration_seconds=0.001),
-        telemetry(),
+        job_telemetry(job.JOB),
         StopSignal(),
     )
 
@@ -348,9 +351,9 @@ def test_a_backlog_night_deletes_whole_sessions_within_its_budget(db):
 
     started = time.monotonic()
     result = job.run(
-        connect_to(db),
+        job_connect(db, job.JOB),
         config(batch_size=100, max_batches_per_run=50_000, max_run_duration_seconds=budget),
-        telemetry(),
+        job_telemetry(job.JOB),
         StopSignal(),
     )
     took = time.monotonic() - started
@@ -374,8 +377,8 @@ def test_a_backlog_night_deletes_whole_sessions_within_its_budget(db):
 
 
 def test_sessions_step_keeps_sessions_whose_children_an_earlier_bounded_step_left(db, seeded):
-    conn_factory = connect_to(db)
-    tel = telemetry()
+    conn_factory = job_connect(db, job.JOB)
+    tel = job_telemetry(job.JOB)
     narrow = job.prepare(conn_factory, config(batch_size=4, max_batches_per_run=1), tel)
     wide = job.RunPlan.from_xcom({**narrow.to_xcom(), "max_batches_per_run": 100})
 
@@ -408,7 +411,7 @@ def test_circular_and_cross_session_references_are_cleared(db):
         set_apply_filter_event(conn, young_view, old_event)
         conn.commit()
 
-    result = job.run(connect_to(db), config(), telemetry(), StopSignal())
+    result = job.run(job_connect(db, job.JOB), config(), job_telemetry(job.JOB), StopSignal())
 
     assert (result.deleted_sessions, result.deleted_action_events) == (1, 3)
     assert result.deleted_property_object_views == 3
@@ -433,11 +436,18 @@ def test_circular_and_cross_session_references_are_cleared(db):
 def test_busy_lock_is_a_noop_success_with_contention_metric(db, seeded):
     before = counts(db)
     metrics = RecordingMetrics()
-    with advisory_lock(connect_to(db), job.LOCK_NAME, 60) as held:
+    with advisory_lock(job_connect(db, job.JOB), job.LOCK_NAME, 60) as held:
         assert held
-        result = job.run(connect_to(db), config(), telemetry(metrics=metrics), StopSignal())
-        plan = job.prepare(connect_to(db), config(), telemetry())
-        step = job.delete_step(connect_to(db), plan, "action_events", telemetry(), StopSignal())
+        result = job.run(
+            job_connect(db, job.JOB),
+            config(),
+            job_telemetry(job.JOB, metrics=metrics),
+            StopSignal(),
+        )
+        plan = job.prepare(job_connect(db, job.JOB), config(), job_telemetry(job.JOB))
+        step = job.delete_step(
+            job_connect(db, job.JOB), plan, "action_events", job_telemetry(job.JOB), StopSignal()
+        )
 
     assert result.deleted_sessions == 0
     assert result.has_more is True
@@ -451,11 +461,14 @@ def test_busy_lock_is_a_noop_success_with_contention_metric(db, seeded):
 def test_a_busy_run_of_the_dag_shape_counts_one_contention_not_one_per_task(db, seeded):
     """The DAG's shape: prepare, three delete tasks that each find the lock busy, report."""
     metrics = RecordingMetrics()
-    tel = telemetry(metrics=metrics)
-    with advisory_lock(connect_to(db), job.LOCK_NAME, 60) as held:
+    tel = job_telemetry(job.JOB, metrics=metrics)
+    with advisory_lock(job_connect(db, job.JOB), job.LOCK_NAME, 60) as held:
         assert held
-        plan = job.prepare(connect_to(db), config(), tel)
-        steps = [job.delete_step(connect_to(db), plan, t, tel, StopSignal()) for t in job.TABLES]
+        plan = job.prepare(job_connect(db, job.JOB), config(), tel)
+        steps = [
+            job.delete_step(job_connect(db, job.JOB), plan, t, tel, StopSignal())
+            for t in job.TABLES
+        ]
     job.report(plan, steps, tel)
 
     assert all(s.lock_skipped for s in steps)
@@ -472,7 +485,12 @@ def test_two_runs_at_once_delete_every_row_exactly_once(db, seeded):
         try:
             barrier.wait(timeout=10)
             results.append(
-                job.run(connect_to(db), config(batch_size=3), telemetry(name), StopSignal())
+                job.run(
+                    job_connect(db, job.JOB),
+                    config(batch_size=3),
+                    job_telemetry(job.JOB, name),
+                    StopSignal(),
+                )
             )
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
@@ -494,11 +512,11 @@ def test_two_runs_at_once_delete_every_row_exactly_once(db, seeded):
 @pytest.mark.parametrize("table", job.TABLES)
 def test_skip_locked_keeps_two_lockless_steps_apart(db, seeded, table):
     """Even without the advisory lock (seed: "even without lock ... never twice")."""
-    conn_factory = connect_to(db)
-    plan = job.prepare(conn_factory, config(batch_size=1), telemetry())
+    conn_factory = job_connect(db, job.JOB)
+    plan = job.prepare(conn_factory, config(batch_size=1), job_telemetry(job.JOB))
     if table == "sessions":  # make every session deletable at this step
         for t in ("action_events", "property_object_views"):
-            job.delete_step(conn_factory, plan, t, telemetry(), StopSignal())
+            job.delete_step(conn_factory, plan, t, job_telemetry(job.JOB), StopSignal())
     expected = {"action_events": 60, "property_object_views": 60, "sessions": 30}[table]
     barrier = threading.Barrier(2)
     results: list = []
@@ -509,7 +527,7 @@ def test_skip_locked_keeps_two_lockless_steps_apart(db, seeded, table):
             barrier.wait(timeout=10)
             results.append(
                 job.delete_step(
-                    conn_factory, plan, table, telemetry(), StopSignal(), lock_name=None
+                    conn_factory, plan, table, job_telemetry(job.JOB), StopSignal(), lock_name=None
                 )
             )
         except Exception as exc:  # collected and asserted below
@@ -549,13 +567,20 @@ def test_cancellation_between_batches_keeps_committed_batches(db, seeded):
     metrics = StopAfterBatches(stop, 2)
 
     with pytest.raises(JobCancelled, match="after 2 committed"):
-        job.run(connect_to(db), config(batch_size=5, runners=1), telemetry(metrics=metrics), stop)
+        job.run(
+            job_connect(db, job.JOB),
+            config(batch_size=5, runners=1),
+            job_telemetry(job.JOB, metrics=metrics),
+            stop,
+        )
 
     assert existing(db, "action_events", "session_id", ids(1, 30)) == set(ids(11, 30))
     assert counts(db)["sessions"] == 40
     assert metrics.counters["activity_retention_deleted_action_events"] == 20
     # and a later run finishes the work
-    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+    result = job.run(
+        job_connect(db, job.JOB), config(batch_size=5), job_telemetry(job.JOB), StopSignal()
+    )
     assert result.deleted_sessions == 30
     assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
 
@@ -590,14 +615,14 @@ def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path
             "-m",
             "include.pin_maintenance.jobs.activity_retention",
             "--db-url",
-            _named_url(db.cli_url),
+            _named_url(job_cli(db, job.JOB)[0]),
             "--config",
             json.dumps({"batch_size": 5}),
             "--lock-timeout-ms",
             "120000",
         ],
         cwd=REPO,
-        env={**os.environ, **db.cli_env, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **job_cli(db, job.JOB)[1], "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
         stderr=job_log,
     )
@@ -628,7 +653,9 @@ def test_sigkill_in_the_middle_of_a_batch_then_a_normal_run(db, seeded, tmp_path
     assert existing(db, "action_events", "session_id", ids(11, 15)) == set(ids(11, 15))
     assert counts(db)["sessions"] == 40
 
-    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+    result = job.run(
+        job_connect(db, job.JOB), config(batch_size=5), job_telemetry(job.JOB), StopSignal()
+    )
 
     assert result.deleted_sessions == 30
     assert result.deleted_action_events == 10  # batch 3's
@@ -648,11 +675,11 @@ def _start_cli(db, log_file, *args: str) -> subprocess.Popen:
             "-m",
             "include.pin_maintenance.jobs.activity_retention",
             "--db-url",
-            _named_url(db.cli_url),
+            _named_url(job_cli(db, job.JOB)[0]),
             *args,
         ],
         cwd=REPO,
-        env={**os.environ, **db.cli_env, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **job_cli(db, job.JOB)[1], "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,
         stderr=log_file,
     )
@@ -718,12 +745,12 @@ def test_cli_with_invalid_config_fails_before_any_delete(db, seeded, variable, k
             "-m",
             "include.pin_maintenance.jobs.activity_retention",
             "--db-url",
-            _named_url(db.cli_url),
+            _named_url(job_cli(db, job.JOB)[0]),
             "--config",
             json.dumps(variable),
         ],
         cwd=REPO,
-        env={**os.environ, **db.cli_env, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **job_cli(db, job.JOB)[1], "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=60,
@@ -741,7 +768,11 @@ def test_dry_run_counts_and_changes_nothing(db, seeded):
     metrics = RecordingMetrics()
 
     result = job.run(
-        connect_to(db), config(batch_size=7), telemetry(metrics=metrics), StopSignal(), dry_run=True
+        job_connect(db, job.JOB),
+        config(batch_size=7),
+        job_telemetry(job.JOB, metrics=metrics),
+        StopSignal(),
+        dry_run=True,
     )
 
     assert result.as_dict() == {
@@ -768,9 +799,9 @@ def test_dry_run_counts_and_changes_nothing(db, seeded):
 
 def test_dry_run_respects_the_batch_bound(db, seeded):
     result = job.run(
-        connect_to(db),
+        job_connect(db, job.JOB),
         config(batch_size=4, max_batches_per_run=2),
-        telemetry(),
+        job_telemetry(job.JOB),
         StopSignal(),
         dry_run=True,
     )
@@ -806,13 +837,15 @@ def _named_url(url: str) -> str:
 
 def _patient(db) -> job.Connect:
     """The job's connections with a long lock_timeout (a test holds a row lock for a while)."""
-    return configured(
-        lambda: psycopg.connect(_named_url(db.url)),
+    return job_connect(
+        db,
+        job.JOB,
         SessionSettings(
             statement_timeout_ms=120_000,
             lock_timeout_ms=120_000,
             application_name=job.SESSION_SETTINGS.application_name,
         ),
+        url=_named_url(job_url(db, job.JOB)),
     )
 
 
@@ -834,7 +867,12 @@ def test_loops_never_wait_for_each_other_with_a_transaction_open(db, seeded):
     def one_run() -> None:
         try:
             results.append(
-                job.run(_patient(db), config(batch_size=5, runners=2), telemetry(), StopSignal())
+                job.run(
+                    _patient(db),
+                    config(batch_size=5, runners=2),
+                    job_telemetry(job.JOB),
+                    StopSignal(),
+                )
             )
         except Exception as exc:  # collected and asserted below
             errors.append(exc)
@@ -880,10 +918,10 @@ def test_a_failed_batch_with_several_loops_leaves_whole_batches(db, seeded):
             """.replace("%s", f"'{session_id('t', 13)}'")
         )
         conn.commit()
-    tel = telemetry()
+    tel = job_telemetry(job.JOB)
 
     with pytest.raises(job.BatchFailed, match="RaiseException P0001"):
-        job.run(connect_to(db), config(batch_size=5, runners=3), tel, StopSignal())
+        job.run(job_connect(db, job.JOB), config(batch_size=5, runners=3), tel, StopSignal())
 
     left = existing(db, "action_events", "session_id", ids(1, 30))
     assert set(ids(11, 15)) <= left  # the failed batch rolled back whole
@@ -899,7 +937,9 @@ def test_a_failed_batch_with_several_loops_leaves_whole_batches(db, seeded):
         conn.execute("drop trigger refuse_13 on user_activity.action_events")
         conn.commit()
     assert (
-        job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal()).deleted_sessions
+        job.run(
+            job_connect(db, job.JOB), config(batch_size=5), job_telemetry(job.JOB), StopSignal()
+        ).deleted_sessions
         == 30
     )
     assert eligible_left(db) == {"sessions": 0, "action_events": 0, "property_object_views": 0}
@@ -940,7 +980,7 @@ def test_an_exception_in_a_side_loop_stops_the_step_within_the_bound(db, seeded)
             job.run(
                 _patient(db),
                 config(batch_size=5, runners=3),
-                telemetry(metrics=metrics),
+                job_telemetry(job.JOB, metrics=metrics),
                 StopSignal(),
             )
         stopped_after = time.monotonic() - metrics.raised_at
@@ -959,7 +999,9 @@ def test_an_exception_in_a_side_loop_stops_the_step_within_the_bound(db, seeded)
         batch = set(ids(first, first + 4))
         assert batch <= left or not (batch & left), f"batch from {first} is partial"
     assert counts(db)["sessions"] == 40
-    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+    result = job.run(
+        job_connect(db, job.JOB), config(batch_size=5), job_telemetry(job.JOB), StopSignal()
+    )
     assert result.deleted_sessions == 30
 
 
@@ -988,7 +1030,9 @@ def test_a_base_exception_from_sigalrm_mid_statement_stops_every_loop(db, seeded
         )
         waiter.start()
         with pytest.raises(Alarm):
-            job.run(_patient(db), config(batch_size=5, runners=3), telemetry(), StopSignal())
+            job.run(
+                _patient(db), config(batch_size=5, runners=3), job_telemetry(job.JOB), StopSignal()
+            )
         stopped_after = time.monotonic() - raised[0]
         backends_after = _backends(db)
         waiter.join(timeout=30)
@@ -1023,7 +1067,9 @@ def test_every_benchmark_shape_is_deleted_completely(db, shape):
     assert linked == ds.sessions * min(per_session, ds.shape.events)
     stats = snapshot(db, "property_object_view_stats")
 
-    result = job.run(connect_to(db), config(batch_size=5), telemetry(), StopSignal())
+    result = job.run(
+        job_connect(db, job.JOB), config(batch_size=5), job_telemetry(job.JOB), StopSignal()
+    )
 
     assert result.deleted_sessions == 23
     assert result.deleted_property_object_views == 23 * ds.views_per_session

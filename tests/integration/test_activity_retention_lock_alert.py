@@ -3,7 +3,9 @@
 A holder that has kept the job's advisory lock longer than its lease
 (``max_run_duration_seconds`` + ``LOCK_TTL_MARGIN_SECONDS``, the longest a live step holds it)
 is a stuck worker or a stray session: the skipping task alerts with its pid. A holder younger
-than that may be a run in progress: the task skips quietly (warning + metric).
+than that may be a run in progress: the task skips quietly (warning + metric). A holder of
+another role is seen without its age unless the job's role has pg_read_all_stats: the task then
+skips quietly too (it cannot tell a stuck holder from a live one).
 """
 
 from __future__ import annotations
@@ -14,18 +16,21 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from devtools.retention_data import insert_session
-from include.pin_maintenance.db import configured, lock_key
+from include.pin_maintenance.db import lock_key
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.runloop import StopSignal
-from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
+from include.pin_maintenance.telemetry import RecordingMetrics
+from tests.job_db import job_connect, job_telemetry, job_url
 
 pytestmark = pytest.mark.integration
 
 
-def _holder(db) -> psycopg.Connection:
-    conn = psycopg.connect(db.url)
+def _holder(db, url: str | None = None) -> psycopg.Connection:
+    """A stuck worker of the job (its role), or a session of ``url``."""
+    conn = psycopg.connect(url or job_url(db, job.JOB))
     conn.execute("select set_config('application_name', 'stuck-retention-worker', false)")
     conn.commit()
     conn.execute("select pg_advisory_xact_lock(%s)", (lock_key(job.LOCK_NAME),))
@@ -62,9 +67,9 @@ def test_a_busy_lock_skips_the_step_and_alerts_only_a_stuck_holder(
     _eligible_session(db)
     budget = 1.0
     lease = budget + margin
-    connect = configured(lambda: psycopg.connect(db.url), job.SESSION_SETTINGS)
+    connect = job_connect(db, job.JOB)
     metrics = RecordingMetrics()
-    telemetry = Telemetry.local(JobLog(job.JOB, "lock-test"), metrics)
+    telemetry = job_telemetry(job.JOB, "lock-test", metrics=metrics)
     plan = job.prepare(
         connect, job.CONFIG.resolve(None, {"max_run_duration_seconds": budget}), telemetry
     )
@@ -98,3 +103,38 @@ def test_a_busy_lock_skips_the_step_and_alerts_only_a_stuck_holder(
         assert telemetry.alerts.sent == []
     with db.connect() as conn:  # nothing deleted by the skipped step
         assert conn.execute("select count(*) from user_activity.sessions").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("read_all_stats", [False, True], ids=["role-alone", "pg_read_all_stats"])
+def test_a_holder_of_another_role_is_judged_only_with_pg_read_all_stats(
+    db, read_all_stats: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DBA's session (the owner) holds the lock past the lease. The job's role sees the
+    holder's pid in pg_locks but its transaction start only with pg_read_all_stats: without it
+    the step skips without an alert (no guess), with it the stuck holder is alerted."""
+    monkeypatch.setattr(job, "LOCK_TTL_MARGIN_SECONDS", 0.5)
+    _eligible_session(db)
+    role = db.roles["user_activity_db"].name
+    grant = sql.SQL("{} pg_read_all_stats {} {}")
+    if read_all_stats:
+        with db.connect(autocommit=True) as conn:
+            conn.execute(grant.format(sql.SQL("grant"), sql.SQL("to"), sql.Identifier(role)))
+    connect = job_connect(db, job.JOB)
+    telemetry = job_telemetry(job.JOB, "lock-test")
+    plan = job.prepare(
+        connect, job.CONFIG.resolve(None, {"max_run_duration_seconds": 0.5}), telemetry
+    )
+    holder = _holder(db, db.url)
+    try:
+        while _held_seconds(db, holder.info.backend_pid) <= 1.5:
+            time.sleep(0.1)
+        step = job.delete_step(connect, plan, "action_events", telemetry, StopSignal())
+    finally:
+        holder.close()
+        if read_all_stats:
+            with db.connect(autocommit=True) as conn:
+                conn.execute(grant.format(sql.SQL("revoke"), sql.SQL("from"), sql.Identifier(role)))
+
+    assert step.lock_skipped and step.rows == 0
+    alerts = [a.name for a in telemetry.alerts.sent]
+    assert alerts == (["lock_held_too_long"] if read_all_stats else [])

@@ -29,13 +29,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from devtools.retention_data import insert_event, insert_session
 from include.pin_airflow.alerts import on_task_failed
-from include.pin_maintenance.db import configured
 from include.pin_maintenance.jobs import activity_retention, slot_expiration
 from include.pin_maintenance.runloop import StopSignal
-from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
+from include.pin_maintenance.telemetry import Telemetry
 from pin_maintenance_plugin.notify import Notifier
 from tests.e2e.loopback import RecordingWebhook
 from tests.integration.slot_expiration_fixtures import insert_slot
+from tests.job_db import job_connect, job_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,8 @@ def sinks(monkeypatch: pytest.MonkeyPatch) -> Iterator[Sinks]:
 
 
 def telemetry(job: str, run_id: str) -> Telemetry:
-    return Telemetry(JobLog(job, run_id), RecordingMetrics(), Notifier(job, run_id))
+    """The job's telemetry with the real notifier (the one Airflow's glue gives it)."""
+    return job_telemetry(job, run_id, alerts=Notifier(job, run_id))
 
 
 def failed_context(dag_id: str, task_id: str, exc: BaseException) -> dict:
@@ -115,7 +116,7 @@ def test_a_trigger_raise_reaches_no_alert_of_retention(db, sinks: Sinks) -> None
         sid = insert_session(conn, ended_at=old)
         event_id = insert_event(conn, sid, occurred_at=old)
         _raise_trigger(conn, "user_activity.action_events", "id")
-    connect = configured(lambda: psycopg.connect(db.url), activity_retention.SESSION_SETTINGS)
+    connect = job_connect(db, activity_retention.JOB)
     config = activity_retention.CONFIG.resolve(None, None)
     tel = telemetry(activity_retention.JOB, "scheduled__x")
     with pytest.raises(activity_retention.BatchFailed) as failed:
@@ -146,7 +147,7 @@ def test_a_trigger_raise_reaches_no_poison_slot_alert(db, sinks: Sinks) -> None:
             "select tenant_id from calendar.availability_slots where id = %s", (poison,)
         ).fetchone()[0]
         _raise_trigger(conn, "calendar.availability_slots", "tenant_id")
-    connect = configured(lambda: psycopg.connect(db.url), slot_expiration.SESSION)
+    connect = job_connect(db, slot_expiration.JOB)
     config = slot_expiration.CONFIG.resolve(None)
     result = slot_expiration.run(
         connect, config, telemetry(slot_expiration.JOB, "scheduled__x"), StopSignal()

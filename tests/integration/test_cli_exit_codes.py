@@ -1,8 +1,9 @@
 """The job CLIs as the README shows them: usage names the module, exit codes mean what they say.
 
-Run as subprocesses (``python -m ...``), exactly as pasted; the database is the test's own.
-Exit code 1 = the database failed (slots: unreachable server; retention: a batch the database
-rejects), nothing else done.
+Run as subprocesses (``python -m ...``), exactly as pasted; the database is the test's own,
+logged in to as the job's role. Exit code 1 = the database failed (slots: unreachable server;
+retention: a batch the database rejects), nothing else done; 2 = refused before any write (a bad
+config, a password on the command line, a database privilege the role lacks).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 from devtools.retention_data import insert_session
+from tests.job_db import job_cli
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +102,39 @@ def test_detach_cli_exits_2_on_a_bad_config_naming_key_value_and_source() -> Non
     assert done.stdout == ""
 
 
+@pytest.mark.parametrize(
+    ("module", "job", "revoke", "names"),
+    [
+        (
+            "include.pin_maintenance.jobs.slot_expiration",
+            "calendar_slot_expiration",
+            "revoke update on calendar.availability_slots from {role}",
+            "lacks UPDATE on calendar.availability_slots column",
+        ),
+        (
+            "include.pin_maintenance.jobs.activity_retention",
+            "user_activity_retention",
+            "revoke delete on user_activity.sessions from {role}",
+            "lacks DELETE on user_activity.sessions (the sessions delete step)",
+        ),
+    ],
+    ids=["slots", "retention"],
+)
+def test_a_cli_exits_2_naming_a_missing_privilege_before_any_write(
+    db, module: str, job: str, revoke: str, names: str
+) -> None:
+    url, db_env = job_cli(db, job)
+    role = conninfo_to_dict(url)["user"]
+    with db.connect() as conn:
+        conn.execute(revoke.format(role=role))
+    done = cli(module, "--db-url", url, env={**os.environ, **db_env})
+    assert done.returncode == 2, done.stderr
+    assert f"MissingPrivileges: {job}: role {role} {names}" in done.stderr
+    assert "event=privileges_missing" in done.stderr
+    assert "alert=database_privileges_missing" in done.stderr
+    assert done.stdout == ""
+
+
 def test_retention_cli_exits_1_on_a_failed_batch(db) -> None:
     with db.connect() as conn:
         conn.execute(
@@ -107,11 +143,12 @@ def test_retention_cli_exits_1_on_a_failed_batch(db) -> None:
         )
         sid = insert_session(conn, ended_at=datetime.now(UTC) - timedelta(days=800))
         conn.execute("insert into user_activity.session_notes values (%s, %s)", (uuid.uuid4(), sid))
+    url, db_env = job_cli(db, "user_activity_retention")
     done = cli(
         "include.pin_maintenance.jobs.activity_retention",
         "--db-url",
-        db.cli_url,
-        env={**os.environ, **db.cli_env},
+        url,
+        env={**os.environ, **db_env},
     )
     assert done.returncode == 1, done.stderr
     assert "BatchFailed: sessions: batch 0 (1 sessions" in done.stderr
@@ -161,13 +198,12 @@ def test_the_password_comes_from_libpq_sources_or_a_named_variable(db, tmp_path)
     server has a password; a service file) and through --db-password-env; a named variable
     that is not set is refused. (The embedded server trusts local connections, so which
     password reaches it is checked in tests/unit/test_cli_db.py.)"""
-    base = db.cli_url
-    env = {**os.environ, **db.cli_env}
+    base, db_env = job_cli(db, "calendar_slot_expiration")
+    env = {**os.environ, **db_env}
     # PGPASSWORD (libpq's own variable; the test server's own password, if it has one)
     done = _slot_cli(db, base, env)
     assert done.returncode == 0, done.stderr
     # a connection service: --db-url "service=NAME" with PGSERVICEFILE
-    from psycopg.conninfo import conninfo_to_dict
 
     params = conninfo_to_dict(base)
     service = tmp_path / "pg_service.conf"
@@ -177,7 +213,7 @@ def test_the_password_comes_from_libpq_sources_or_a_named_variable(db, tmp_path)
     done = _slot_cli(db, "service=pin_test", {**env, "PGSERVICEFILE": str(service)})
     assert done.returncode == 0, done.stderr
     # --db-password-env VAR
-    password = db.cli_env.get("PGPASSWORD", "unused-by-a-trusting-server")
+    password = db_env.get("PGPASSWORD", "unused-by-a-trusting-server")
     no_pgpassword = {k: v for k, v in env.items() if k != "PGPASSWORD"}
     done = cli(
         "include.pin_maintenance.jobs.slot_expiration",

@@ -4,7 +4,8 @@ Transaction pooling hands a client's transactions to whichever server connection
 job must leave nothing on a server connection after its transaction (settings, prepared
 statements), and must not need more server connections at once than the pool has. After each
 run a canary client visits every server connection of the pool and checks it shows the
-server's defaults (tests/pooler.py).
+server's defaults (tests/pooler.py). The jobs log in to the pooler as their own roles, each
+with a pool of its own; the canary visits that pool.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from include.pin_maintenance.db import (
     require_server_connections,
 )
 from include.pin_maintenance.jobs import slot_expiration as se
+from tests.job_db import conn_id_of, job_cli
 from tests.pooler import assert_pool_is_clean, canary, server_defaults
 
 pytestmark = pytest.mark.integration
@@ -36,11 +38,20 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_cli(module: str, url: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def role_of(db: Database, job: str) -> str:
+    """The job's role: its pool in the pooler is that role's."""
+    return db.roles[conn_id_of(job)].name
+
+
+def run_cli(
+    module: str, pooled: Database, job: str, *args: str, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """The job's CLI through the pooler (``pooled``: ``PgBouncer.db()``), as the job's role."""
+    url, env = job_cli(pooled, job)
     return subprocess.run(
         [sys.executable, "-m", module, "--db-url", url, *args],
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **env, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -90,7 +101,8 @@ def test_slot_cli_drains_a_20k_backlog_through_transaction_pooling(db: Database,
     bouncer = pgbouncer(db, pool_size=2)
     done = run_cli(
         se.__name__,
-        bouncer.url(),
+        bouncer.db(),
+        se.JOB,
         "--config",
         json.dumps(
             {
@@ -105,7 +117,7 @@ def test_slot_cli_drains_a_20k_backlog_through_transaction_pooling(db: Database,
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["ExpiredCount"] == 20_000
     assert bd.slots_state(db.url)["due"] == 0
-    assert_pool_is_clean(bouncer)
+    assert_pool_is_clean(bouncer, role_of(db, se.JOB))
 
 
 def test_session_pooling_with_reset_query_runs_the_slot_job_alike(db: Database, pgbouncer):
@@ -113,13 +125,14 @@ def test_session_pooling_with_reset_query_runs_the_slot_job_alike(db: Database, 
     bouncer = pgbouncer(db, pool_mode="session", pool_size=2)
     done = run_cli(
         se.__name__,
-        bouncer.url(),
+        bouncer.db(),
+        se.JOB,
         "--config",
         json.dumps({"batch_size": 500, "max_batches_per_cycle": 10}),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["ExpiredCount"] == 2_000
-    assert_pool_is_clean(bouncer)
+    assert_pool_is_clean(bouncer, role_of(db, se.JOB))
 
 
 def test_a_pool_smaller_than_needed_fails_fast_and_names_the_size(db: Database, pgbouncer):
@@ -168,7 +181,8 @@ def test_retention_with_more_runners_than_the_pool_completes_or_fails_fast(db: D
     started = time.monotonic()
     done = run_cli(
         ar.__name__,
-        bouncer.url(),
+        bouncer.db(),
+        ar.JOB,
         "--config",
         json.dumps({"batch_size": 50, "runners": 3}),
         timeout=120,
@@ -192,7 +206,7 @@ def test_retention_with_more_runners_than_the_pool_completes_or_fails_fast(db: D
         assert elapsed < 15, f"took {elapsed:.0f}s: hung on the pooler's queue"
         assert "needs 4 server connections" in done.stderr + done.stdout
     assert orphans == 0 or done.returncode == 0
-    assert_pool_is_clean(bouncer)
+    assert_pool_is_clean(bouncer, role_of(db, ar.JOB))
 
 
 def test_server_defaults_are_what_a_direct_session_sees(db: Database):
@@ -229,5 +243,6 @@ def test_detach_retry_on_a_one_connection_pool_fails_fast_and_claims_nothing(
     # PgBouncer reads no more from a client waiting for a server, so it notices the closed
     # waiting connection only when the lock's server frees up: it hands it that server and then
     # closes it ("client disconnect while server was not ready"). What the pool has is clean.
-    expected = server_defaults(db)
-    assert all(view.settings == expected for view in canary(bouncer))
+    role = role_of(db, "news_snapshot_detach_retry")
+    expected = server_defaults(db, role)
+    assert all(view.settings == expected for view in canary(bouncer, role))

@@ -11,20 +11,19 @@ from devtools.selections_service import SelectionsService
 from include.pin_maintenance.jobs import snapshot_requeue
 from include.pin_maintenance.jobs.snapshot_requeue import RequeueRequestError, parse_choice
 from tests.integration.snapshot_detach_fixtures import (
-    connect_to,
     insert_entry,
-    make_telemetry,
     rows,
     run_job,
 )
+from tests.job_db import job_connect, job_telemetry
 
 pytestmark = pytest.mark.integration
 
 
 def _requeue(db, ids=None, all_quarantined=False, dry_run=False, **kwargs):
     return snapshot_requeue.requeue(
-        connect_to(db),
-        make_telemetry("requeue_run"),
+        job_connect(db, snapshot_requeue.JOB),
+        job_telemetry(snapshot_requeue.JOB, "requeue_run"),
         parse_choice(ids, all_quarantined),
         dry_run=dry_run,
         **kwargs,

@@ -24,13 +24,13 @@ from devtools.pg import Database
 from devtools.retention_data import insert_session
 from devtools.selections_service import SelectionsService
 from include.pin_maintenance import sql
-from include.pin_maintenance.db import advisory_lock, configured, lock_key
+from include.pin_maintenance.db import advisory_lock, lock_key
 from include.pin_maintenance.jobs import activity_retention, slot_expiration, snapshot_detach
 from include.pin_maintenance.runloop import StopSignal
-from include.pin_maintenance.telemetry import JobLog, Telemetry
 from tests.integration.runbook_sql import RUNBOOKS, Block, psql_binary, run_psql, sql_blocks
 from tests.integration.snapshot_detach_fixtures import config as detach_config
 from tests.integration.snapshot_detach_fixtures import insert_entry, run_job
+from tests.job_db import job_connect, job_telemetry, job_url
 
 pytestmark = [
     pytest.mark.integration,
@@ -114,13 +114,21 @@ def open_transaction(db: Database, app: str) -> Iterator[psycopg.Connection]:
         conn.close()
 
 
+LOCK_JOBS = {
+    activity_retention.LOCK_NAME: activity_retention.JOB,
+    snapshot_detach.LOCK_NAME: snapshot_detach.JOB,
+}
+
+
 @contextmanager
 def job_lock_held(db: Database, lock_name: str) -> Iterator[int]:
-    """The job's own advisory lock, taken by the job's own code; yields the holder's pid."""
+    """The job's own advisory lock, taken by the job's own code as its own role; yields the
+    holder's pid."""
     pids: list[int] = []
+    url = job_url(db, LOCK_JOBS[lock_name])
 
     def connect() -> psycopg.Connection:
-        conn = psycopg.connect(db.url)
+        conn = psycopg.connect(url)
         pids.append(conn.info.backend_pid)
         return conn
 
@@ -232,8 +240,8 @@ def _failed_batch(db: Database, block: Block) -> None:
         conn.execute(
             "insert into user_activity.session_notes values (%s, %s)", (uuid.uuid4(), blocked)
         )
-    connect = configured(lambda: psycopg.connect(db.url), activity_retention.SESSION_SETTINGS)
-    telemetry = Telemetry.local(JobLog(activity_retention.JOB, "runbook"))
+    connect = job_connect(db, activity_retention.JOB)
+    telemetry = job_telemetry(activity_retention.JOB, "runbook")
     cfg = activity_retention.CONFIG.resolve(None, {"batch_size": 5})
     plan = activity_retention.prepare(connect, cfg, telemetry)
     with pytest.raises(activity_retention.BatchFailed):
@@ -260,6 +268,33 @@ def _foreign_keys_to_sessions(db: Database, block: Block) -> None:
         conn.execute(EXTRA_FK)
     children = {r["child"] for r in psql(db, block).rows()}
     assert "user_activity.session_notes" in children  # the unknown FK the runbook looks for
+
+
+# ---------------------------------------------------------- database-privileges-missing.md
+
+
+@check("database-privileges-missing.md", "has_any_column_privilege")
+def _job_role_privileges(db: Database, block: Block) -> None:
+    role = db.roles["user_activity_db"].name
+    rows = {r["job_table"]: r for r in psql(db, block, role=role).rows()}
+    assert set(rows) == {
+        "news.snapshot_detach_outbox",
+        "calendar.availability_slots",
+        "user_activity.sessions",
+        "user_activity.property_object_views",
+        "user_activity.action_events",
+        "user_activity.property_object_view_stats",
+    }
+    granted = ("schema_usage", "can_select", "can_lock_rows", "can_delete")
+    assert [rows["user_activity.sessions"][k] for k in granted] == ["t", "t", "t", "t"]
+    assert [rows["user_activity.action_events"][k] for k in granted] == ["t", "t", "f", "t"]
+    stats = rows["user_activity.property_object_view_stats"]
+    assert [stats[k] for k in granted[1:]] == ["f", "f", "f"]  # nothing there
+    assert rows["news.snapshot_detach_outbox"]["schema_usage"] == "f"  # another role's
+    with db.connect() as conn:  # what the alert would name shows up here
+        conn.execute(f'revoke update (created_at) on user_activity.sessions from "{role}"')
+    after = {r["job_table"]: r for r in psql(db, block, role=role).rows()}
+    assert after["user_activity.sessions"]["can_lock_rows"] == "f"
 
 
 # -------------------------------------------------------------- activity-retention-lock.md
@@ -396,8 +431,8 @@ def _reproduce_poison(db: Database, block: Block) -> None:
         conn.execute(POISON_TRIGGER.replace("{slot_id}", str(poison)))
 
     # the job meets the poison row: what it alerts is what the runbook's update reproduces
-    telemetry = Telemetry.local(JobLog(slot_expiration.JOB, "runbook"))
-    connect = configured(lambda: psycopg.connect(db.url), slot_expiration.SESSION)
+    telemetry = job_telemetry(slot_expiration.JOB, "runbook")
+    connect = job_connect(db, slot_expiration.JOB)
     slot_expiration.run(connect, {}, telemetry, StopSignal())
     [alert] = telemetry.alerts.sent
     assert alert.details["slot_id"] == str(poison)

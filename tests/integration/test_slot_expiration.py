@@ -11,7 +11,7 @@ import pytest
 
 from devtools.pg import Database
 from include.pin_maintenance.config import ConfigError
-from include.pin_maintenance.db import SessionSettings, configured
+from include.pin_maintenance.db import SessionSettings
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.runloop import JobCancelled
 from tests.integration.slot_expiration_fixtures import (
@@ -33,6 +33,7 @@ from tests.integration.slot_expiration_fixtures import (
     wait_at_gate,
     wait_for,
 )
+from tests.job_db import job_connect
 
 pytestmark = pytest.mark.integration
 
@@ -459,7 +460,7 @@ def test_a_single_batch_backlog_starts_no_second_runner(slots_db: Database):
     )
 
     assert (result.expired_count, result.runners, result.batches) == (7, 1, 1)
-    assert len(opened) == 1
+    assert len(opened) == 2  # the privilege check's (closed at once), then one batch loop
 
 
 def test_a_second_runner_that_cannot_connect_leaves_the_cycle_to_the_first(
@@ -470,7 +471,7 @@ def test_a_second_runner_that_cannot_connect_leaves_the_cycle_to_the_first(
 
     def connect():
         calls.append(True)
-        if len(calls) > 1:
+        if len(calls) > 2:  # the privilege check's and runner 1's connections open
             raise psycopg.OperationalError("connection refused (test)")
         return connect_for(slots_db)()
 
@@ -566,18 +567,12 @@ def test_poison_row_is_isolated_by_whichever_runner_meets_it(slots_db: Database)
 
 SCAN_GATE_KEY = 4343
 SCAN_GATE = """
-do $$ begin
-  create role slot_scan_job login password 'slot-scan-job';
-exception when duplicate_object then null;
-end $$;
-grant usage on schema calendar to slot_scan_job;
-grant select, update on calendar.availability_slots to slot_scan_job;
 create table public.slot_scan_gate (id uuid primary key);
-grant select on public.slot_scan_gate, public.slot_gate, public.slot_poison to slot_scan_job;
--- Called for every row the job's scan reads (a row-level security policy): reading a gated
--- slot waits on advisory lock 4343, after the statement took its snapshot.
+-- Called for every row the job's scan reads (a row-level security policy, which applies to the
+-- job's role, not to the tables' owner): reading a gated slot waits on advisory lock 4343,
+-- after the statement took its snapshot. It reads the gate as its owner (security definer).
 create function public.slot_scan_wait(slot uuid) returns boolean
-language plpgsql volatile as $$
+language plpgsql volatile security definer as $$
 begin
   if exists (select 1 from public.slot_scan_gate g where g.id = slot) then
     perform pg_advisory_xact_lock_shared(4343);
@@ -603,10 +598,7 @@ def test_a_slot_updated_after_the_snapshot_but_before_the_lock_still_expires(
     settings = SessionSettings(
         statement_timeout_ms=60_000, lock_timeout_ms=60_000, application_name="scan-gated"
     )
-    connect = configured(
-        lambda: psycopg.connect(slots_db.url, user="slot_scan_job", password="slot-scan-job"),
-        settings,
-    )
+    connect = job_connect(slots_db, se.JOB, settings)
     run = new_run()
     holder = slots_db.connect(autocommit=True)
     try:

@@ -42,7 +42,9 @@ def test_the_default_cycle_takes_one_batch_on_one_connection(db: Database):
         0,  # the 15 left are backlog the cycle never reached, not skipped
         15,
     )
-    assert len(opened) == 1  # runners 2 by default, but one batch needs one loop
+    # the privilege check's connection (closed before the batch), then one loop: runners 2 by
+    # default, but one batch needs one loop
+    assert len(opened) == 2
     assert statuses(db) == {"Expired": 10, "Available": 15}
 
 

@@ -24,6 +24,7 @@ from tests.integration.slot_expiration_fixtures import (
     wait_at_gate,
     wait_for,
 )
+from tests.job_db import job_cli
 
 pytestmark = pytest.mark.integration
 
@@ -38,10 +39,11 @@ def slots_db(db: Database) -> Database:
 
 
 def start_cli(db: Database, *args: str) -> subprocess.Popen[str]:
+    url, db_env = job_cli(db, se.JOB)
     return subprocess.Popen(
-        [sys.executable, "-m", se.__name__, "--db-url", db.cli_url, "--run-id", "proc-test", *args],
+        [sys.executable, "-m", se.__name__, "--db-url", url, "--run-id", "proc-test", *args],
         cwd=REPO,
-        env={**os.environ, **db.cli_env, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **db_env, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

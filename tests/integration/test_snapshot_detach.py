@@ -24,16 +24,15 @@ from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
 from include.pin_maintenance.runloop import JobCancelled, StopSignal
 from tests.integration.snapshot_detach_fixtures import (
     config,
-    connect_to,
     insert_entries,
     insert_entry,
     later,
     make_client,
-    make_telemetry,
     rows,
     run_job,
     running_service,
 )
+from tests.job_db import job_connect, job_telemetry, job_url
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +57,7 @@ def _within(moment: datetime, started: datetime, low: float, high: float) -> boo
 def test_successful_detach_marks_done_and_reports(db, service, caplog):
     caplog.set_level(logging.INFO)
     entries = [*insert_entries(db, 3), insert_entry(db, reason="PostDeleted")]
-    telemetry = make_telemetry("run_success")
+    telemetry = job_telemetry(snapshot_detach.JOB, "run_success")
 
     result = run_job(db, service, telemetry=telemetry)
 
@@ -94,7 +93,7 @@ def test_empty_run_calls_nothing_and_changes_nothing(db, service):
     done = insert_entry(db, status="Done")
     quarantined = insert_entry(db, status="Quarantined", attempts=12)
     before = rows(db)
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
 
     result = run_job(db, service, telemetry=telemetry)
 
@@ -167,7 +166,7 @@ def test_already_detached_snapshot_is_done_without_second_effect(db, service):
 def test_poison_row_is_quarantined_with_alert_and_excluded(db, service, caplog):
     entry = insert_entry(db, attempts=11)  # this claim is attempt 12 = max_attempts
     service.script(entry.snapshot_id, "error_503")
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
 
     result = run_job(db, service, telemetry=telemetry)
 
@@ -204,8 +203,8 @@ def test_dedupe_by_snapshot_id_via_unique_index(db):
 
 def test_busy_lock_skips_the_run_as_success(db, service):
     entry = insert_entry(db)
-    telemetry = make_telemetry()
-    with db.connect() as holder:
+    telemetry = job_telemetry(snapshot_detach.JOB)
+    with psycopg.connect(job_url(db, snapshot_detach.JOB)) as holder:  # another run
         holder.execute("select pg_advisory_lock(%s)", (lock_key(LOCK_NAME),))
         result = run_job(db, service, telemetry=telemetry)
     assert not result.lock_acquired
@@ -222,14 +221,14 @@ def test_lock_held_past_its_lease_raises_lock_held_too_long(db, service):
     cfg = config(
         max_run_duration_seconds=0.1, detach_call_timeout_seconds=0.1, lock_ttl_seconds=5.5
     )
-    with db.connect() as holder:
+    with psycopg.connect(job_url(db, snapshot_detach.JOB)) as holder:  # another run, stuck
         holder.execute("select pg_advisory_lock(%s)", (lock_key(LOCK_NAME),))
         holder.commit()
         time.sleep(1.2)  # past max_run_duration_seconds, within the lease: a live holder
-        early = make_telemetry()
+        early = job_telemetry(snapshot_detach.JOB)
         assert not run_job(db, service, telemetry=early, cfg=cfg).lock_acquired
         time.sleep(4.6)  # past the lease: the holder is stuck, not running
-        telemetry = make_telemetry()
+        telemetry = job_telemetry(snapshot_detach.JOB)
         result = run_job(db, service, telemetry=telemetry, cfg=cfg)
     assert [a.name for a in early.alerts.sent] == []
     assert not result.lock_acquired
@@ -240,8 +239,8 @@ def test_lock_held_past_its_lease_raises_lock_held_too_long(db, service):
 
 
 def test_busy_lock_within_a_run_bound_raises_no_alert(db, service):
-    telemetry = make_telemetry()
-    with db.connect() as holder:
+    telemetry = job_telemetry(snapshot_detach.JOB)
+    with psycopg.connect(job_url(db, snapshot_detach.JOB)) as holder:  # another run
         holder.execute("select pg_advisory_lock(%s)", (lock_key(LOCK_NAME),))
         run_job(db, service, telemetry=telemetry)  # default bound 240 s
     assert [a.name for a in telemetry.alerts.sent] == []
@@ -379,7 +378,7 @@ def test_cancellation_stops_between_rows_and_gives_back_attempts(db, service):
 def test_404_quarantines_at_once_with_alert(db, service):
     entry = insert_entry(db)
     service.script(entry.snapshot_id, "not_found")
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
     run_job(db, service, telemetry=telemetry)
     row = rows(db)[entry.snapshot_id]
     assert (row.status, row.attempts, row.last_error) == ("Quarantined", 1, "HttpNotFound 404")
@@ -419,7 +418,7 @@ def test_429_with_a_shorter_retry_after_keeps_the_backoff(db, service):
 def test_401_opens_the_breaker_alerts_and_costs_no_attempt(db, service):
     entries = insert_entries(db, 6, attempts=2, last_error="HttpServerError 503")
     before = rows(db)
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
 
     result = run_job(
         db, service, telemetry=telemetry, password="wrong", cfg=config(detach_concurrency=1)
@@ -486,7 +485,7 @@ def test_secrets_never_reach_last_error_or_the_log(db, caplog):
 def test_unknown_reason_is_quarantined_without_a_call(db, service):
     entry = insert_entry(db, reason="Mystery")
     ok = insert_entry(db)
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
     run_job(db, service, telemetry=telemetry)
     state = rows(db)
     assert (state[entry.snapshot_id].status, state[entry.snapshot_id].last_error) == (
@@ -579,9 +578,9 @@ def test_dry_run_counts_due_rows_and_writes_nothing(db, service):
     insert_entry(db, due_in=timedelta(hours=1))
     before = rows(db)
     result = snapshot_detach.run(
-        connect_to(db),
+        job_connect(db, snapshot_detach.JOB),
         config(),
-        make_telemetry(),
+        job_telemetry(snapshot_detach.JOB),
         StopSignal(),
         None,
         dry_run=True,

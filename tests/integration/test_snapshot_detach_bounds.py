@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import pytest
 
 from devtools.selections_service import SelectionsService
+from include.pin_maintenance.jobs import snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach import (
     MAX_QUARANTINE_ALERTS_PER_RUN,
     MISROUTE_ALERT,
@@ -21,10 +22,10 @@ from include.pin_maintenance.telemetry import Alert, JobLog, RecordingMetrics, T
 from tests.integration.snapshot_detach_fixtures import (
     config,
     insert_entries,
-    make_telemetry,
     rows,
     run_job,
 )
+from tests.job_db import job_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -93,7 +94,7 @@ def test_404s_without_a_2xx_quarantine_a_few_rows_and_raise_one_critical_alert(d
     # issue 27: every call answers 404 (a wrong base path, an ingress without the route)
     entries = insert_entries(db, 60)
     before = rows(db)
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
     with SelectionsService() as svc:
         svc.set_outage("not_found")
         result = run_job(db, svc, telemetry=telemetry, cfg=config(detach_concurrency=8))
@@ -152,7 +153,7 @@ def test_404s_among_successes_quarantine_each_row(db):
 
 def test_quarantine_alerts_are_capped_per_run_with_one_summary(db):
     entries = insert_entries(db, 30)
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
     with SelectionsService() as svc:
         for e in entries:
             svc.script(e.snapshot_id, "bad_request")

@@ -24,14 +24,13 @@ from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
 from include.pin_maintenance.runloop import StopSignal
 from tests.integration.snapshot_detach_fixtures import (
     config,
-    connect_to,
     insert_entries,
     insert_entry,
     make_client,
-    make_telemetry,
     rows,
     run_job,
 )
+from tests.job_db import job_connect, job_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +60,7 @@ def test_a_client_that_raises_costs_only_that_row_an_attempt(
 ) -> None:
     entries = insert_entries(db, 4, attempts=1)
     bad = entries[2].snapshot_id
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
     with make_client(service) as http, caplog.at_level(logging.ERROR, logger=LOGGER):
         result = run_job(db, service, client=RaisesFor(http, bad), telemetry=telemetry)
 
@@ -126,21 +125,22 @@ def _unreachable() -> psycopg.Connection:
 def test_a_failing_backlog_measurement_still_ends_the_run_as_a_success(
     db, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Dry run: the count works, then the database is unreachable for the measurement."""
+    """Dry run: the privilege check and the count work, then the database is unreachable for
+    the measurement."""
     insert_entries(db, 3)
     insert_entry(db, status="Quarantined")
-    real = connect_to(db)
+    real = job_connect(db, snapshot_detach.JOB)
     opened: list[str] = []
 
     def connect() -> psycopg.Connection:
-        opened.append("real" if not opened else "unreachable")
-        return real() if len(opened) == 1 else _unreachable()
+        opened.append("real" if len(opened) < 2 else "unreachable")
+        return real() if opened[-1] == "real" else _unreachable()
 
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         result = snapshot_detach.run(connect, config(), telemetry, StopSignal(), None, dry_run=True)
 
-    assert opened == ["real", "unreachable"]
+    assert opened == ["real", "real", "unreachable"]
     assert result.due == 3
     assert result.pending == 0  # not measured
     gauges = telemetry.metrics.gauges

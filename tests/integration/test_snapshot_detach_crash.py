@@ -20,6 +20,7 @@ import pytest
 
 from devtools.pg import Database
 from devtools.selections_service import DEFAULT_LOGIN, DEFAULT_PASSWORD, SelectionsService
+from include.pin_maintenance.jobs import snapshot_detach
 from tests.integration.snapshot_detach_fixtures import (
     config,
     insert_entries,
@@ -27,6 +28,7 @@ from tests.integration.snapshot_detach_fixtures import (
     rows,
     run_job,
 )
+from tests.job_db import job_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,9 +36,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _start_worker(db: Database, svc_url: str, cfg: dict) -> subprocess.Popen:
+    url, db_env = job_cli(db, snapshot_detach.JOB)
     env = {
         **os.environ,
-        **db.cli_env,
+        **db_env,
         "PYTHONPATH": str(REPO),
         "SELECTIONS_PASSWORD": DEFAULT_PASSWORD,
     }
@@ -46,7 +49,7 @@ def _start_worker(db: Database, svc_url: str, cfg: dict) -> subprocess.Popen:
             "-m",
             "include.pin_maintenance.jobs.snapshot_detach_cli",
             "--db-url",
-            db.cli_url,
+            url,
             "--selections-url",
             svc_url,
             "--login",

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from devtools.selections_service import SelectionsService
+from include.pin_maintenance.jobs import snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach import Metric
 from include.pin_maintenance.jobs.snapshot_detach_client import (
     HttpDetachClient,
@@ -23,11 +24,11 @@ from tests.integration.snapshot_detach_fixtures import (
     config,
     insert_entries,
     insert_entry,
-    make_telemetry,
     rows,
     run_job,
     running_service,
 )
+from tests.job_db import job_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ def test_outage_opens_the_breaker_bounds_calls_and_costs_no_attempt(db, service,
     entries = insert_entries(db, 60, attempts=11, last_error="HttpServerError 500")
     before = rows(db)
     service.set_outage("error_503")
-    telemetry = make_telemetry("run_outage")
+    telemetry = job_telemetry(snapshot_detach.JOB, "run_outage")
 
     result = run_job(db, service, telemetry=telemetry, cfg=config(detach_concurrency=8))
 
@@ -142,7 +143,7 @@ def test_scattered_503s_among_successes_do_not_open_the_breaker(db, service):
     for i, e in enumerate(entries):
         if i % 3 != 2:
             service.script(e.snapshot_id, "error_503", "ok")
-    telemetry = make_telemetry()
+    telemetry = job_telemetry(snapshot_detach.JOB)
 
     result = run_job(
         db,

@@ -22,7 +22,6 @@ from devtools.selections_service import DEFAULT_PASSWORD
 from include.pin_maintenance.jobs import activity_retention, snapshot_detach
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.runloop import StopSignal
-from include.pin_maintenance.telemetry import JobLog, Telemetry
 from tests.integration import slot_expiration_fixtures as slots
 from tests.integration.snapshot_detach_fixtures import (
     config,
@@ -32,6 +31,7 @@ from tests.integration.snapshot_detach_fixtures import (
     run_job,
     running_service,
 )
+from tests.job_db import job_connect, job_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -50,10 +50,6 @@ def tracing():
     provider.shutdown()
 
 
-def _telemetry(job: str, tracer) -> Telemetry:
-    return Telemetry.local(JobLog(job, "trace_run"), tracer=tracer)
-
-
 def _by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
     return [s for s in spans if s.name == name]
 
@@ -69,7 +65,10 @@ def test_detach_run_batch_and_client_spans_form_one_trace_with_selections(db, se
     service.script(failing.snapshot_id, "error_503")
     unknown = insert_entry(db, reason="Mystery")
     result = run_job(
-        db, service, telemetry=_telemetry(snapshot_detach.JOB, tracer), cfg=config(batch_size=2)
+        db,
+        service,
+        telemetry=job_telemetry(snapshot_detach.JOB, "trace_run", tracer=tracer),
+        cfg=config(batch_size=2),
     )
     assert (result.succeeded, result.retried, result.quarantined) == (3, 1, 1)
     spans = exporter.get_finished_spans()
@@ -127,7 +126,7 @@ def test_detach_auth_failure_spans_carry_no_credential_or_url(db, service, traci
     result = run_job(
         db,
         service,
-        telemetry=_telemetry(snapshot_detach.JOB, tracer),
+        telemetry=job_telemetry(snapshot_detach.JOB, "trace_run", tracer=tracer),
         password=wrong,
         cfg=config(detach_concurrency=1),
     )
@@ -159,7 +158,7 @@ def test_slot_batches_name_their_tenants_under_one_run_span_across_runners(db, t
                 "select tenant_id from calendar.availability_slots where id = any(%s)", (due,)
             )
         }
-    run = slots.Run(_telemetry(se.JOB, tracer), None, None)  # type: ignore[arg-type]
+    run = slots.Run(job_telemetry(se.JOB, "trace_run", tracer=tracer), None, None)  # type: ignore[arg-type]
     result = slots.run_job(db, {**slots.DRAIN, "batch_size": 2, "runners": 2}, run=run)
     assert result.expired_count == 9
     spans = exporter.get_finished_spans()
@@ -180,7 +179,7 @@ def test_slot_batches_name_their_tenants_under_one_run_span_across_runners(db, t
 def test_slot_batch_names_at_most_max_span_tenants(db, tracing):
     exporter, tracer = tracing
     slots.insert_due(db, se.MAX_SPAN_TENANTS + 5)
-    run = slots.Run(_telemetry(se.JOB, tracer), None, None)  # type: ignore[arg-type]
+    run = slots.Run(job_telemetry(se.JOB, "trace_run", tracer=tracer), None, None)  # type: ignore[arg-type]
     slots.run_job(db, {"batch_size": 500, "runners": 1}, run=run)
     (batch, *_) = _by_name(exporter.get_finished_spans(), f"{se.JOB} batch")
     assert len(batch.attributes["pin.tenant_ids"]) == se.MAX_SPAN_TENANTS
@@ -191,9 +190,9 @@ def test_retention_steps_and_batches_are_spans_of_the_run(db, tracing):
     exporter, tracer = tracing
     with psycopg.connect(db.url) as conn:
         seed_sessions(conn, 5, 2, 1, tag="trace")
-    connect = lambda: psycopg.connect(db.url)  # noqa: E731
+    connect = job_connect(db, activity_retention.JOB)
     cfg = activity_retention.CONFIG.resolve(None, {"batch_size": 2})
-    telemetry = _telemetry(activity_retention.JOB, tracer)
+    telemetry = job_telemetry(activity_retention.JOB, "trace_run", tracer=tracer)
     result = activity_retention.run(connect, cfg, telemetry, StopSignal())
     assert result.deleted_sessions == 5
     spans = exporter.get_finished_spans()
@@ -203,6 +202,10 @@ def test_retention_steps_and_batches_are_spans_of_the_run(db, tracing):
     for name in [*steps, f"{job} report"]:
         (span,) = _by_name(spans, name)
         assert span.parent.span_id == root.context.span_id, name
+    (prepare,) = _by_name(spans, f"{job} prepare")
+    (check,) = _by_name(spans, f"{job} privileges")  # the role's, before any delete
+    assert check.parent.span_id == prepare.context.span_id
+    assert check.status.status_code is not StatusCode.ERROR
     (sessions_step,) = _by_name(spans, f"{job} delete sessions")
     assert sessions_step.attributes["pin.result.rows"] == 5
     (report,) = _by_name(spans, f"{job} report")

@@ -17,7 +17,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from devtools import pg
 from devtools.local_airflow import REPO, AirflowStack
+from devtools.pg import JobRole
 from devtools.ui_browser import (
     AirflowUI,
     Api,
@@ -72,13 +74,24 @@ def ui_airflow(
     tmp_path_factory: pytest.TempPathFactory,
     pg_admin_url: str,
     airflow_meta_template: str,
+    job_roles: dict[str, JobRole],
 ) -> Iterator[AirflowStack]:
-    """The make-up stack for the session (its metadata DB a copy of the migrated template)."""
+    """The make-up stack for the session (its metadata DB a copy of the migrated template; its
+    job connections log in as the session's job roles)."""
     base = tmp_path_factory.mktemp("ui-stack")
     suffix = f"{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    stack = ui_stack(base, pg_admin_url, meta_db=f"meta_ui_{suffix}", job_db=f"jobs_ui_{suffix}")
-    with running_stack(stack, meta_template=airflow_meta_template, what="the UI stack"):
-        yield stack
+    stack = ui_stack(
+        base,
+        pg_admin_url,
+        meta_db=f"meta_ui_{suffix}",
+        job_db=f"jobs_ui_{suffix}",
+        job_roles=job_roles,
+    )
+    try:
+        with running_stack(stack, meta_template=airflow_meta_template, what="the UI stack"):
+            yield stack
+    finally:  # its grants go with it, so the session can drop its job roles
+        pg.drop_database(pg_admin_url, stack.job_db)
 
 
 @pytest.fixture(scope="session")

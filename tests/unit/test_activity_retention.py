@@ -12,7 +12,7 @@ from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.runloop import StopReason
-from include.pin_maintenance.telemetry import JobLog, Telemetry
+from tests.job_db import job_telemetry
 
 
 def test_config_keys_and_defaults_are_the_design_contract():
@@ -104,13 +104,8 @@ def test_step_has_more_when_a_bound_or_the_lock_ended_it(stop_reason, lock_skipp
     assert step.has_more is has_more
 
 
-def _telemetry() -> Telemetry:
-    log = JobLog(job.JOB, "unit")
-    return Telemetry.local(log)
-
-
 def test_report_sums_the_steps_into_the_seed_result_and_emits_run_metrics():
-    tel = _telemetry()
+    tel = job_telemetry(job.JOB, "unit")
     steps = [
         job.StepResult("action_events", rows=60, batches=3),
         job.StepResult("property_object_views", rows=50, batches=3),
@@ -137,7 +132,9 @@ def test_report_sums_the_steps_into_the_seed_result_and_emits_run_metrics():
 
 def test_delete_step_refuses_an_unknown_table():
     with pytest.raises(ValueError, match="unknown table"):
-        job.delete_step(lambda: None, PLAN, "property_object_view_stats", _telemetry(), None)
+        job.delete_step(
+            lambda: None, PLAN, "property_object_view_stats", job_telemetry(job.JOB, "unit"), None
+        )
 
 
 def test_lock_lease_outlives_a_run_plus_one_batch():

@@ -291,6 +291,26 @@ def test_task_failed_after_an_event_names_it_without_carrying_the_details() -> N
     assert "pin_event" not in unknown
 
 
+def test_a_refused_run_pages_once_for_its_missing_privileges() -> None:
+    """The job's alert carries the details and pages; the task_failed that follows is muted
+    by it; the same shortfall on the next run refreshes the alert, another one is new."""
+    missing = {"role": "pin_news", "missing": ["role pin_news lacks USAGE on schema news (x)"]}
+    refused = notify.alertmanager_labels(_body("database_privileges_missing", missing))
+    failed = notify.alertmanager_labels(
+        _body("task_failed", {"event": "database_privileges_missing"})
+    )
+    assert (refused["pin_event"], refused["pin_detail"]) == ("database_privileges_missing", "true")
+    assert failed["pin_event"] == "database_privileges_missing" and "pin_detail" not in failed
+    again = notify.alertmanager_labels(_body("database_privileges_missing", dict(missing)))
+    other = notify.alertmanager_labels(
+        _body("database_privileges_missing", {**missing, "missing": ["another"]})
+    )
+    assert refused["pin_alert_id"] == again["pin_alert_id"] != other["pin_alert_id"]
+    assert notify.runbook_for("database_privileges_missing", "news_snapshot_detach_retry") == (
+        "docs/runbooks/database-privileges-missing.md"
+    )
+
+
 def test_an_event_alert_outlives_every_rule_it_inhibits() -> None:
     """Each event's task alert stays active longer than its rule fires after the last event:
     the rule's counting window (the ``[W]`` of ``increase``) plus 5 min for scrape, evaluation

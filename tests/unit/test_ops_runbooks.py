@@ -29,6 +29,7 @@ EXPECTED = {
     "activity-retention-lock.md": ["pg_locks", "pg_terminate_backend"],
     "deadline-missed.md": ["deadline_missed", "_deadline_seconds"],
     "task-failed.md": ["task_failed"],
+    "database-privileges-missing.md": ["database_privileges_missing", "job_roles.sql"],
 }
 
 

@@ -17,7 +17,8 @@ from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import is_row_error
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.runloop import StopSignal
-from include.pin_maintenance.telemetry import JobLog, LogOnlyAlerts, RecordingMetrics, Telemetry
+from include.pin_maintenance.telemetry import RecordingMetrics
+from tests.job_db import job_telemetry
 
 
 def test_config_defaults_match_the_contract():
@@ -211,9 +212,8 @@ def test_metric_names_are_the_contract():
 
 
 def test_unreachable_database_fails_the_cycle_and_counts_an_error(tmp_path):
-    log = JobLog(se.JOB, "unit")
     metrics = RecordingMetrics()
-    telemetry = Telemetry(log, metrics, LogOnlyAlerts(log))
+    telemetry = job_telemetry(se.JOB, "unit", metrics=metrics)
 
     def connect():
         return psycopg.connect(f"postgresql:///none?host={tmp_path}", connect_timeout=2)

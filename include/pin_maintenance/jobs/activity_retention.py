@@ -86,7 +86,7 @@ from typing import Any
 
 import psycopg
 
-from include.pin_maintenance import cli, sql
+from include.pin_maintenance import cli, privileges, sql
 from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
 from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 from include.pin_maintenance.jobs.activity_retention_plan import (
@@ -207,6 +207,8 @@ def prepare(
     delete steps take it, each for itself, because each runs in its own task process.
     """
     with job_run(SPEC, telemetry, "prepare") as run:
+        # for all three delete steps: a role without DELETE on sessions must not delete events
+        privileges.require(connect, JOB, telemetry)
         conn = connect()
         try:
             cutoff, deadline_at = conn.execute(

@@ -50,7 +50,7 @@ from typing import Any
 import psycopg
 from opentelemetry import context as otel_context
 
-from include.pin_maintenance import cli, sql
+from include.pin_maintenance import cli, privileges, sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import Connect, SessionSettings, require_server_connections
 from include.pin_maintenance.jobs.slot_expiration_batch import (  # noqa: F401 (re-exported)
@@ -221,6 +221,7 @@ def run(
             dry_run=dry_run,
         )
         try:
+            privileges.require(connect, JOB, telemetry)  # before any write
             with _session(connect) as conn:
                 if dry_run:
                     return _dry_run(conn, cycle, job, started=started, clock=clock, now=now)

@@ -69,6 +69,7 @@ import psycopg
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
+from include.pin_maintenance import privileges
 from include.pin_maintenance.backoff import Backoff
 from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
 from include.pin_maintenance.jobs.snapshot_detach_calls import (  # noqa: F401 (re-exported)
@@ -232,6 +233,7 @@ class _Run:
             detach_concurrency=self.config["detach_concurrency"],
             breaker_failure_threshold=self.config["breaker_failure_threshold"],
         )
+        privileges.require(self.connect, JOB, lifecycle.telemetry)  # before the lock, any write
         if dry_run:
             self.result.due = count_due_entries(self.connect, self.now())
             self.log.info("dry_run", due=self.result.due, calls=0, writes=0)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from include.pin_maintenance import sql
+from include.pin_maintenance import privileges, sql
 from include.pin_maintenance.config import ConfigError, ConfigSpec
 from include.pin_maintenance.db import Connect
 from include.pin_maintenance.lifecycle import JobMetrics, JobSpec, job_run
@@ -140,6 +140,7 @@ def requeue(
     with job_run(SPEC, telemetry) as run:
         started = time.monotonic()
         run.started(choice=choice.describe(), dry_run=dry_run)
+        privileges.require(connect, JOB, telemetry)  # before any write
         result = RequeueResult(dry_run=dry_run, choice=choice.describe())
         moved = _requeue_or_select(connect, choice, result, now(), dry_run=dry_run)
         result.count = len(moved)
