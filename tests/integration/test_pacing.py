@@ -6,13 +6,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
 import pytest
-from psycopg import sql as psql
 
 from include.pin_maintenance.pacing import (
     PROBE_INTERVAL_SECONDS,
@@ -107,27 +105,19 @@ def test_an_idle_database_is_never_paced(db):
     assert paced.totals.total == 0
 
 
-def test_a_role_without_pg_monitor_runs_with_the_canary_alone_and_one_warning(
-    db, pg_admin_url, caplog
-):
+def test_a_role_without_pg_monitor_runs_with_the_canary_alone_and_one_warning(db, caplog):
+    # the slot job's own role, as the grant script makes it: no pg_read_all_stats
     caplog.set_level(logging.INFO)
-    role = f"pin_pacing_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_admin_url, autocommit=True) as admin:
-        admin.execute(psql.SQL("create role {} login").format(psql.Identifier(role)))
-    try:
-        with psycopg.connect(db.url, user=role, autocommit=True) as conn:
-            paced = pacer(PacingLimits(max_replica_lag_seconds=2, max_neighbour_slowdown=2))
-            paced.start(conn)
-            probe_until(paced, conn, lambda: False, 1)
-            reading = paced._last
-        assert reading is not None and reading.others_active is None
-        warnings = [
-            r.getMessage() for r in caplog.records if "pacing_signal_unavailable" in r.getMessage()
-        ]
-        assert len(warnings) == 1 and "pg_read_all_stats" in warnings[0]
-    finally:
-        with psycopg.connect(pg_admin_url, autocommit=True) as admin:
-            admin.execute(psql.SQL("drop role {}").format(psql.Identifier(role)))
+    with psycopg.connect(db.job_url("calendar_db"), autocommit=True) as conn:
+        paced = pacer(PacingLimits(max_replica_lag_seconds=2, max_neighbour_slowdown=2))
+        paced.start(conn)
+        probe_until(paced, conn, lambda: False, 1)
+        reading = paced._last
+    assert reading is not None and reading.others_active is None
+    warnings = [
+        r.getMessage() for r in caplog.records if "pacing_signal_unavailable" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and "pg_read_all_stats" in warnings[0]
 
 
 def test_pacing_off_reads_nothing(db):
@@ -171,12 +161,12 @@ def test_a_slot_drain_with_pacing_off_never_probes(db, caplog):
 
 def test_a_retention_night_on_a_busy_database_is_paced_and_still_deletes_its_sessions(db):
     from devtools.retention_data import seed_sessions
-    from include.pin_maintenance.db import configured
     from include.pin_maintenance.jobs import activity_retention as retention
+    from tests.job_db import job_connect
 
     with psycopg.connect(db.url) as conn:
         seed_sessions(conn, 3000, 0, 2)
-    connect = configured(lambda: psycopg.connect(db.url), retention.SESSION_SETTINGS)
+    connect = job_connect(db, retention.JOB)
     config = retention.CONFIG.resolve(None, {"batch_size": 100, "runners": 2})
     telemetry = Telemetry.local(JobLog(retention.JOB, "run-1"), RecordingMetrics())
     with busy(db.url, [CPU_HOG] * 4 + [WAL_HOG] * 2):
