@@ -441,6 +441,7 @@ class Neighbours:
     workdir: Path
     datasets: dict[str, Dataset] = field(default_factory=dict)
     clones: itertools.count = field(default_factory=itertools.count)
+    roles: dict[str, pg.JobRole] = field(default_factory=dict)
 
     def admin(self) -> psycopg.Connection:
         return psycopg.connect(self.cluster.primary_url(), autocommit=True)
@@ -450,6 +451,15 @@ class Neighbours:
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
         url = self.cluster.primary_url(name)
         pg.apply_schema(url)
+        # the jobs run as their grant-script roles (its clones carry the grants); the batch
+        # jobs' roles in pg_monitor, as docs/deploying.md says, to see the replica they pace by
+        pg.apply_job_roles(url, self.bench.role_names)
+        if not self.roles:
+            self.roles = pg.set_role_passwords(self.cluster.primary_url(), self.bench.role_names)
+            with self.admin() as conn:
+                for conn_id in ("calendar_db", "user_activity_db"):
+                    role = sql.Identifier(self.bench.role_names[conn_id])
+                    conn.execute(sql.SQL("grant pg_monitor to {}").format(role))
         started = time.perf_counter()
         load(url)
         seconds = time.perf_counter() - started
@@ -517,7 +527,7 @@ class Neighbours:
             )
             conn.execute("checkpoint")
         self.cluster.wait_replica_caught_up()
-        return pg.Database(self.cluster.primary_url(name), name)
+        return pg.Database(self.cluster.primary_url(name), name).with_roles(self.roles)
 
     def drop(self, db: pg.Database) -> None:
         with self.admin() as conn:

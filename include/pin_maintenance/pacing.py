@@ -21,10 +21,11 @@ Two signals, read between batches on the loop's own connection (at most every
   pt-archiver's ``--sleep-coef``); the multiple doubles while the canary stays slow and decays
   once it is back, so the drain takes what the database can spare.
 
-Nobody else there (no other active session seen for a while): no canary pacing, the drain runs
-at full speed. Reading the other sessions and the replicas needs ``pg_read_all_stats`` (in
-``pg_monitor``); a role without it runs with the canary alone, counting every moment as shared,
-and logs one warning. Every pause takes its timeout from the run's deadline and ends on a stop.
+Nobody else there (other sessions active in fewer than one probe in ten of the last 5 s): no
+canary pacing, the drain runs at full speed. Reading the other sessions and the replicas needs
+``pg_read_all_stats`` (in ``pg_monitor``); a role without it runs with the canary alone,
+counting every moment as shared, and logs one warning. Every pause takes its timeout from the
+run's deadline and ends on a stop.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -52,9 +52,12 @@ RECENT_CANARIES = 5  # canaries whose mean is compared with it
 # Commit times differ by fractions of a millisecond from one probe to the next on an idle
 # server; nobody feels that, so the canary may exceed its limit by this much before it counts.
 CANARY_SLACK_SECONDS = 0.0005
-# Other sessions seen active within this long: the database is shared. Sessions of a few ms
-# each are caught by some probes only (300 tx/s of 1 ms: about one probe in four).
-NEIGHBOURS_SEEN_SECONDS = 5.0
+# The database is shared when other sessions were running a statement in at least this share of
+# the probes of the last NEIGHBOURS_WINDOW_SECONDS. Services' short transactions are caught by
+# some probes only (300 tx/s of 1 ms: about one probe in four); a monitor's heartbeat of one
+# short commit a second, by almost none.
+NEIGHBOURS_WINDOW_SECONDS = 5.0
+NEIGHBOURS_SHARE = 0.1
 NICE_START = 0.5  # the first sleep, as a multiple of the batch's own time
 NICE_MAX = 20.0  # at most this multiple: the drain keeps at least 1/21 of its pace
 NICE_DECAY = 0.75  # each healthy probe shortens the sleep by this factor
@@ -98,8 +101,15 @@ class Reading:
 
 
 def paced_metric(prefix: str, reason: str) -> str:
-    """The timer of time paced for ``reason``: ``<prefix>_replica_lag_seconds`` etc."""
-    return f"{prefix}_{reason}_seconds"
+    """The counter of milliseconds paced for ``reason``: ``<prefix>_replica_lag_milliseconds_total``
+    etc. A counter, sent at 0 when a run starts like the jobs' others, so that a series exists
+    before the first pause (a timer's would appear only then)."""
+    return f"{prefix}_{reason}_milliseconds_total"
+
+
+def paced_metrics(prefix: str) -> tuple[str, ...]:
+    """Every pacing counter of a job, for its ``JobMetrics.counters``."""
+    return tuple(paced_metric(prefix, reason) for reason in REASONS)
 
 
 def replica_lag_seconds(history: Sequence[tuple[float, int]], reading: Reading) -> float:
@@ -129,6 +139,14 @@ def next_nice(nice: float, *, slow: bool) -> float:
         return min(NICE_MAX, max(NICE_START, nice * 2))
     nice *= NICE_DECAY
     return nice if nice >= NICE_FLOOR else 0.0
+
+
+def database_shared(others_active: Sequence[bool]) -> bool:
+    """Whether other sessions ran statements in enough of the recent probes (an unreadable
+    count, without pg_read_all_stats, counts as active: the database may be shared)."""
+    if not others_active:
+        return False
+    return sum(others_active) / len(others_active) >= NEIGHBOURS_SHARE
 
 
 def canary_slow(recent: Sequence[float], baseline: float, limit: float) -> bool:
@@ -184,7 +202,7 @@ class Pacer:
         self._canaries: deque[float] = deque(maxlen=RECENT_CANARIES)
         self._baseline = 0.0
         self._last: Reading | None = None
-        self._neighbours_seen_at: float | None = None
+        self._others: deque[tuple[float, bool]] = deque()  # (probe time, others active)
         self._stats_readable = True
         self._nice = 0.0
         self._paced_by: str | None = None  # the reason of the pause in progress, for its log line
@@ -303,15 +321,13 @@ class Pacer:
             self._history.append((reading.at, reading.wal_bytes))
             while self._history and reading.at - self._history[0][0] > HISTORY_SECONDS:
                 self._history.popleft()
-            if reading.others_active is None or reading.others_active > 0:
-                self._neighbours_seen_at = reading.at
+            self._others.append((reading.at, reading.others_active != 0))
+            while reading.at - self._others[0][0] > NEIGHBOURS_WINDOW_SECONDS:
+                self._others.popleft()
             if reading.canary_seconds is None:
                 return
             self._canaries.append(reading.canary_seconds)
-            shared = (
-                self._neighbours_seen_at is not None
-                and reading.at - self._neighbours_seen_at <= NEIGHBOURS_SEEN_SECONDS
-            )
+            shared = database_shared([active for _, active in self._others])
             slow = shared and canary_slow(
                 self._canaries, self._baseline, self.limits.max_neighbour_slowdown
             )
@@ -338,6 +354,6 @@ class Pacer:
     def _account(self, reason: str, seconds: float) -> None:
         with self._lock:
             self.totals.seconds[reason] += seconds
-        self.telemetry.metrics.timing(
-            paced_metric(self.paced_metric_prefix, reason), timedelta(seconds=seconds)
+        self.telemetry.metrics.incr(
+            paced_metric(self.paced_metric_prefix, reason), round(seconds * 1000)
         )

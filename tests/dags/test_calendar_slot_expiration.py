@@ -36,6 +36,8 @@ def test_structure(dag):
         "max_batches_per_cycle",
         "runners",
         "max_run_duration_seconds",
+        "max_replica_lag_seconds",
+        "max_neighbour_slowdown",
         "dry_run",
     }
     assert [t.task_id for t in dag.tasks] == ["expire_slots"]

@@ -97,6 +97,8 @@ VOLATILE = frozenset(
     {"DurationMs", "OldestAgeSeconds", "AsOf", "cutoff", "deadline_at", "started_at_unix"}
     # how the detach calls happened to overlap (the adaptive limit follows their answers' order)
     | {"ConcurrencyPeak", "ConcurrencyLimit"}
+    # how long the loops were paced (by the machine's load at the time)
+    | {"PacedMs", "paced_ms"}
 )
 ALERT = re.compile(r"PIN_ALERT (\{.*)")
 

@@ -39,6 +39,8 @@ def test_schedule_and_run_policy(retention_dag):
         "runners",
         "max_batches_per_run",
         "max_run_duration_seconds",
+        "max_replica_lag_seconds",
+        "max_neighbour_slowdown",
         "dry_run",
     }
     assert all(t.execution_timeout is not None for t in dag.tasks)

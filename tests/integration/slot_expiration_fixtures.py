@@ -37,6 +37,8 @@ WAIT_LIMIT_SECONDS = 30
 # Drain mode: these tests follow a cycle across batches and runners (the default cycle takes
 # one batch, seed 002's bound; test_slot_expiration_bounds.py tests that bound itself).
 DRAIN = {"max_batches_per_cycle": 1000}
+# Tests of a bound or a race that a pause between batches would change (docs/design.md, "Pacing")
+UNPACED = {"max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0}
 
 TEST_TRIGGERS = """
 create table public.slot_gate (id uuid primary key);

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -384,6 +385,37 @@ def _slot_row_lock_holders(db: Database, block: Block) -> None:
 def _slot_indexes(db: Database, block: Block) -> None:
     names = {r["indexname"] for r in psql(db, block).rows()}
     assert "ix_availability_slots_status_start" in names
+
+
+@check("slot-expiration-backlog.md", "from pg_stat_replication")
+def _slot_replicas(db: Database, block: Block) -> None:
+    # the test server streams to no replica: the query runs and finds none
+    assert psql(db, block).rows() == []
+
+
+@check("slot-expiration-backlog.md", "group by application_name order by count(*) desc")
+def _slot_busy_sessions(db: Database, block: Block) -> None:
+    started = threading.Event()
+
+    def busy() -> None:
+        with psycopg.connect(db.url, application_name="booking-service") as conn:
+            started.set()
+            conn.execute("select pg_sleep(3)")
+
+    worker = threading.Thread(target=busy)
+    worker.start()
+    try:
+        started.wait(10)
+        rows = []
+        for _ in range(20):  # until the sleep is under way
+            rows = psql(db, block).rows()
+            if any(r["application_name"] == "booking-service" for r in rows):
+                break
+            time.sleep(0.1)
+        counts = {r["application_name"]: int(r["count"]) for r in rows}
+        assert counts.get("booking-service") == 1, rows
+    finally:
+        worker.join(10)
 
 
 # ------------------------------------------------------- slot-expiration-poison-slot.md

@@ -17,6 +17,7 @@ from include.pin_maintenance.runloop import JobCancelled
 from tests.integration.slot_expiration_fixtures import (
     DRAIN,
     NOW,
+    UNPACED,
     Background,
     backend_pids,
     backends_waiting,
@@ -129,7 +130,8 @@ def test_backlog_bigger_than_a_batch_is_taken_oldest_first_and_the_rest_waits(
 
     first = run_job(
         slots_db,
-        {**DRAIN, "batch_size": 10, "runners": 1, "max_run_duration_seconds": 30},
+        # unpaced: a pause would read this test's clock, whose ticks are counted
+        {**DRAIN, **UNPACED, "batch_size": 10, "runners": 1, "max_run_duration_seconds": 30},
         clock=lambda: next(ticks),
     )
 

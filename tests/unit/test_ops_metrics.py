@@ -38,17 +38,17 @@ BRIEF = {
         "activity_retention_deleted_action_events",
         "activity_retention_batches_processed",
         "activity_retention_lock_contention_total",
+        # pacing (docs/design.md, "Pacing"): milliseconds paced, one counter per reason
+        "calendar_slot_expiration_paced_replica_lag_milliseconds_total",
+        "calendar_slot_expiration_paced_neighbour_latency_milliseconds_total",
+        "activity_retention_paced_replica_lag_milliseconds_total",
+        "activity_retention_paced_neighbour_latency_milliseconds_total",
     },
     "timing": {
         "news_snapshot_detach_lag_seconds",
         "news_snapshot_detach_run_duration_seconds",
         "calendar_slot_expiration_cycle_duration_seconds",
         "activity_retention_run_duration_seconds",
-        # pacing (docs/design.md, "Pacing"): time paced, one timer per reason
-        "calendar_slot_expiration_paced_replica_lag_seconds",
-        "calendar_slot_expiration_paced_neighbour_latency_seconds",
-        "activity_retention_paced_replica_lag_seconds",
-        "activity_retention_paced_neighbour_latency_seconds",
     },
 }
 

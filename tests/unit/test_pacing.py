@@ -12,6 +12,7 @@ from include.pin_maintenance.pacing import (
     PacingLimits,
     Reading,
     canary_slow,
+    database_shared,
     next_nice,
     replica_lag_seconds,
 )
@@ -96,3 +97,17 @@ def test_totals_name_the_reason_that_paced_longest():
     totals.seconds["replica_lag"] += 1.5
     totals.seconds["neighbour_latency"] += 0.5
     assert totals.main_reason() == "replica_lag" and totals.total == 2.0
+
+
+@pytest.mark.parametrize(
+    ("probes", "shared"),
+    [
+        ([], False),  # no probe yet
+        ([False] * 20, False),  # nobody else there
+        ([True] + [False] * 19, False),  # a monitor's heartbeat caught once
+        ([True, False, False, False] * 5, True),  # services' short transactions, 1 probe in 4
+        ([True] * 20, True),  # a busy database
+    ],
+)
+def test_the_database_is_shared_when_others_are_active_in_enough_probes(probes, shared):
+    assert database_shared(probes) is shared

@@ -16,6 +16,7 @@ from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import is_row_error
 from include.pin_maintenance.jobs import slot_expiration as se
+from include.pin_maintenance.pacing import paced_metrics
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import RecordingMetrics
 from tests.job_db import job_telemetry
@@ -220,7 +221,8 @@ def test_unreachable_database_fails_the_cycle_and_counts_an_error(tmp_path):
 
     with pytest.raises(psycopg.OperationalError):
         se.run(connect, {}, telemetry, StopSignal())
-    assert metrics.counters == {se.M_ITEMS: 0, se.M_SKIP_LOCKED: 0, se.M_ERRORS: 1}
+    paced = dict.fromkeys(paced_metrics(se.M_PACED_PREFIX), 0)  # sent at 0, never paced
+    assert metrics.counters == {se.M_ITEMS: 0, se.M_SKIP_LOCKED: 0, se.M_ERRORS: 1} | paced
     assert se.M_LAST_SUCCESS not in metrics.gauges
 
 

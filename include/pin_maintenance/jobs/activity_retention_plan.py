@@ -15,6 +15,7 @@ from typing import Any
 from include.pin_maintenance.db import SessionSettings
 from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 from include.pin_maintenance.lifecycle import JobMetrics, JobSpec
+from include.pin_maintenance.pacing import paced_metrics
 from include.pin_maintenance.runloop import StopReason
 
 LOCK_NAME = "job:scheduled:activity-retention"
@@ -46,7 +47,7 @@ M_BATCHES = "activity_retention_batches_processed"
 M_LOCK_CONTENTION = "activity_retention_lock_contention_total"
 M_RUN_DURATION = "activity_retention_run_duration_seconds"
 M_ELIGIBLE_BACKLOG = "activity_retention_eligible_backlog"
-# time the loops spent paced, one timer per reason (`<prefix>_replica_lag_seconds`, ...)
+# time the loops spent paced, one counter per reason (pacing.paced_metric)
 M_PACED_PREFIX = "activity_retention_paced"
 DELETED_METRIC = {
     "action_events": "activity_retention_deleted_action_events",
@@ -58,7 +59,12 @@ SPEC = JobSpec(
     job=JOB,
     config=CONFIG,
     metrics=JobMetrics(
-        counters=(*DELETED_METRIC.values(), M_BATCHES, M_LOCK_CONTENTION),
+        counters=(
+            *DELETED_METRIC.values(),
+            M_BATCHES,
+            M_LOCK_CONTENTION,
+            *paced_metrics(M_PACED_PREFIX),
+        ),
         duration=M_RUN_DURATION,
         last_success="activity_retention_last_success_timestamp_seconds",
         lock_contention=M_LOCK_CONTENTION,

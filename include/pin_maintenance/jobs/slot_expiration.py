@@ -77,7 +77,7 @@ from include.pin_maintenance.lifecycle import (
     describe_error,
     job_run,
 )
-from include.pin_maintenance.pacing import Pacer, PacingLimits
+from include.pin_maintenance.pacing import Pacer, PacingLimits, paced_metrics
 from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
 from include.pin_maintenance.runloop import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry
@@ -101,15 +101,14 @@ M_ITEMS = "calendar_slot_expiration_items_total"
 M_BACKLOG = "calendar_slot_expiration_backlog"
 M_SKIP_LOCKED = "calendar_slot_expiration_skip_locked_total"
 M_LAST_SUCCESS = "calendar_slot_expiration_last_success_timestamp_seconds"
-# time the loops spent paced, one timer per reason: `<prefix>_replica_lag_seconds`,
-# `<prefix>_neighbour_latency_seconds`
+# time the loops spent paced, one counter per reason (pacing.paced_metric)
 M_PACED_PREFIX = "calendar_slot_expiration_paced"
 
 SPEC = JobSpec(
     job=JOB,
     config=CONFIG,
     metrics=JobMetrics(
-        counters=(M_ITEMS, M_SKIP_LOCKED, M_ERRORS),
+        counters=(M_ITEMS, M_SKIP_LOCKED, M_ERRORS, *paced_metrics(M_PACED_PREFIX)),
         duration=M_CYCLE_DURATION,
         last_success=M_LAST_SUCCESS,
     ),
