@@ -76,7 +76,7 @@ DESELECTED = [
     # too, and the job-DAG runs kept here already run each DAG in this environment
     "tests/dags/test_forkserver_parity.py",
     # the jobs' metrics through Airflow's OTel path: the .venv run proves the path on the same
-    # Airflow; the OTel packages themselves are in the image env's checked package list
+    # Airflow; the exporter packages it needs are checked in the image env's package list
     "tests/dags/test_metrics_otel.py",
 ]
 # Tests that may skip there, each with its one-line reason.
@@ -110,6 +110,8 @@ def test_the_image_env_has_what_the_image_has_and_nothing_dev_only(image_venv: P
     assert installed["pytest"] == image_env.RUNTIME_PYTEST.split("==")[1]
     assert "apache-airflow" in installed
     assert "apache-airflow-providers-postgres" in installed
+    # what [metrics] otel_on exports through (tests/dags/test_metrics_otel.py, in the .venv)
+    assert {"opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"} <= set(installed)
     assert DEV_ONLY.isdisjoint(installed), DEV_ONLY & set(installed)
 
 
