@@ -104,7 +104,8 @@ def test_lock_is_released_when_the_holding_connection_dies(db):
         assert got
         pid = holder.info.backend_pid
         with db.connect(autocommit=True) as admin:
-            admin.execute("select pg_terminate_backend(%s)", [pid])
+            # with a timeout it returns once the backend is gone (its locks with it)
+            admin.execute("select pg_terminate_backend(%s, 10000)", [pid])
         with advisory_lock(db.connect, "job:y", ttl_seconds=30) as other:
             assert other is True
 

@@ -150,3 +150,38 @@ def test_a_slot_drain_holds_while_the_replica_is_held_back_and_drains_once_it_re
     assert result.paced_ms >= 2000  # held while replay was paused (both loops, summed)
     lines = [r.getMessage() for r in caplog.records]
     assert any(line.startswith("event=job_paced ") and "replica_lag" in line for line in lines)
+
+
+def test_a_retention_step_holds_while_the_replica_is_held_back(cluster, primary, caplog):
+    from devtools.retention_data import seed_sessions
+    from include.pin_maintenance.jobs import activity_retention as retention
+    from tests.job_db import job_connect, job_telemetry
+
+    caplog.set_level(logging.INFO)
+    with psycopg.connect(primary.url, autocommit=True) as conn:
+        role = primary.roles["user_activity_db"].name
+        conn.execute(psql.SQL("grant pg_monitor to {}").format(psql.Identifier(role)))
+    with primary.connect() as conn:
+        seed_sessions(conn, 3000, 0, 2, tag="replica")
+    cluster.wait_replica_caught_up(60)
+    replay(cluster, "pause")
+    resume = threading.Timer(5.0, replay, args=(cluster, "resume"))
+    resume.start()
+    try:
+        config = retention.CONFIG.resolve(
+            None,
+            {"batch_size": 50, "max_replica_lag_seconds": 0.2, "max_neighbour_slowdown": 0},
+        )
+        result = retention.run(
+            job_connect(primary, retention.JOB),
+            config,
+            job_telemetry(retention.JOB),
+            StopSignal(),
+        )
+    finally:
+        resume.cancel()
+        replay(cluster, "resume")
+    assert result.deleted_sessions == 3000 and not result.has_more
+    assert result.as_dict()["PacedMs"] >= 2000
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("event=job_paced ") and "replica_lag" in line for line in lines)
