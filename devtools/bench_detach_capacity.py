@@ -1,4 +1,4 @@
-"""Benchmark section ``detach_capacity`` (issue 16): the detach job against the service's capacity.
+"""Benchmark section ``detach_capacity``: the detach job against the service's capacity.
 
 Called by ``devtools.bench_detach`` (section ``detach_capacity``), which hands over the bench
 object, the capacity client, ``md_table`` and ``BenchError``; the selections service comes from
@@ -16,7 +16,7 @@ Two questions, each answered with medians of several rounds in the same run:
    the time after which the job stays at or below 4 in flight (no run of 25 calls with more
    refused calls than 20 % of its accepted ones) and the job's calls per second against the
    calls per second the service accepted. Goals: settled within 5 s, calls/accepted <= 1.2.
-3. **Through Airflow** (issue 27): two services a real one resembles, a latency with a tail
+3. **Through Airflow**: two services a real one resembles, a latency with a tail
    (``--latency-sigma 0.6``: lognormal, median 20 ms, p99 about 80 ms) and a plain threaded
    server with one connection per call (``--close-connections``). The job runs as the user
    runs it, ``airflow dags test news_snapshot_detach_retry`` with the defaults; its rate is
@@ -192,7 +192,7 @@ def _through_airflow(
         )
     out.append("")
     out.append(
-        "Through Airflow (issue 27): `airflow dags test news_snapshot_detach_retry` with the "
+        "Through Airflow: `airflow dags test news_snapshot_detach_retry` with the "
         "DAG's defaults (`batch_size` 100, adaptive concurrency up to 32) on a fresh clone of "
         "the outbox, against a service a real one resembles. *job rows/s* = due rows over the "
         "run's own `duration_ms` (its `job_completed` line); *process wall* is the whole "

@@ -1,4 +1,4 @@
-"""Alert payloads carry an error class and code, never an exception's text (issue 25).
+"""Alert payloads carry an error class and code, never an exception's text.
 
 Real failures on the suite's real Postgres, delivered by the real notifier
 (``pin_maintenance_plugin.notify.Notifier``) to a loopback webhook and a loopback Alertmanager

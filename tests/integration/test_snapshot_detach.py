@@ -216,7 +216,7 @@ def test_busy_lock_skips_the_run_as_success(db, service):
 
 
 def test_lock_held_past_its_lease_raises_lock_held_too_long(db, service):
-    # issue 27: the threshold is the lease, not max_run_duration_seconds: a live run may hold
+    # the threshold is the lease, not max_run_duration_seconds: a live run may hold
     # the lock up to max_run + call timeout + margin, and the lease is above that
     cfg = config(
         max_run_duration_seconds=0.1, detach_call_timeout_seconds=0.1, lock_ttl_seconds=5.5

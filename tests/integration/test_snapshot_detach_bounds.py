@@ -42,7 +42,7 @@ def _timed_run(db, svc, **kwargs):
 
 
 def test_a_slow_service_cannot_stretch_the_run_past_its_bound(db):
-    # issue 27, scaled down: 100 due rows, one batch of 100, every call but the first slow
+    # a slow service, scaled down: 100 due rows, one batch of 100, every call but the first slow
     # (inside the call timeout). On main the run lasted until every claimed call was made.
     max_run, call_timeout, latency = 3.0, 2.0, 1.5
     entries = insert_entries(db, 100)
@@ -91,7 +91,7 @@ def test_a_retry_after_pause_never_outlasts_the_bound(db):
 
 
 def test_404s_without_a_2xx_quarantine_a_few_rows_and_raise_one_critical_alert(db):
-    # issue 27: every call answers 404 (a wrong base path, an ingress without the route)
+    # a misrouted service: every call answers 404 (a wrong base path, an ingress without the route)
     entries = insert_entries(db, 60)
     before = rows(db)
     telemetry = job_telemetry(snapshot_detach.JOB)

@@ -1,4 +1,4 @@
-"""An operator's day in the Airflow UI of ``make up`` (issue 15), in headless Chromium.
+"""An operator's day in the Airflow UI of ``make up``, in headless Chromium.
 
 Log in; the DAG list shows the four DAGs with their schedules and no import error; each
 DAG's trigger form shows its params (no "required" star on a flag), and a dry run triggered

@@ -17,7 +17,7 @@ BRIEF = {
         "news_snapshot_detach_pending",
         "news_snapshot_detach_oldest_age_seconds",
         "news_snapshot_detach_last_success_timestamp_seconds",
-        "news_snapshot_detach_concurrency_limit",  # issue 16
+        "news_snapshot_detach_concurrency_limit",
         "calendar_slot_expiration_backlog",
         "calendar_slot_expiration_last_success_timestamp_seconds",
         "activity_retention_eligible_backlog",
@@ -29,7 +29,7 @@ BRIEF = {
         "news_snapshot_detach_failed_total",
         "news_snapshot_detach_quarantined_total",
         "news_snapshot_detach_lock_contention_total",
-        "news_snapshot_detach_breaker_open_total",  # issue 16
+        "news_snapshot_detach_breaker_open_total",
         "calendar_slot_expiration_items_total",
         "calendar_slot_expiration_skip_locked_total",
         "calendar_slot_expiration_errors_total",

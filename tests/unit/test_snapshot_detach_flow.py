@@ -112,7 +112,7 @@ def test_limit_holds_when_latency_does_not():
 
 
 def test_one_fast_outlier_does_not_pin_the_limit():
-    # issue 27: the first answer in 1 ms, then every answer in 3 s. Judged against the
+    # the first answer in 1 ms, then every answer in 3 s. Judged against the
     # fastest answer ever seen the limit never grew; against the moving median it does.
     limit = AdaptiveLimit(1, 32)
     limit.on_healthy(0.001)

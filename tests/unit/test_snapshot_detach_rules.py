@@ -60,7 +60,7 @@ MAX = 12
         ),
         (CallOutcome(404), 1, Verdict.QUARANTINE, "HttpNotFound 404"),
         (CallOutcome(410), 1, Verdict.QUARANTINE, "HttpGone 410"),
-        # issue 26: which 4xx are permanent (quarantine at once), which are transient
+        # which 4xx are permanent (quarantine at once), which are transient
         (CallOutcome(400), 1, Verdict.QUARANTINE, "HttpBadRequest 400"),
         (CallOutcome(422), 1, Verdict.QUARANTINE, "HttpUnprocessable 422"),
         (CallOutcome(409), 1, Verdict.RETRY, "HttpConflict 409"),
