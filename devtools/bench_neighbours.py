@@ -48,6 +48,7 @@ from devtools import pg
 from devtools.bench_core import DAG_IDS, Bench, BenchError, SectionSpec, _secs, _verdict, md_table
 from devtools.bench_slots import DRAIN_CONFIG
 from devtools.pg_cluster import Cluster
+from include.pin_maintenance.pacing_config import PACING_OFF
 
 log = logging.getLogger("devtools.bench")
 
@@ -134,7 +135,7 @@ JOBS = {
 }
 # The trade-off curve: the defaults (paced), a looser neighbour limit, and no pacing at all
 # (today's speed with nobody there is the unpaced case alone); --neighbour-configs for others.
-UNPACED = {"max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0}
+UNPACED = PACING_OFF
 DEFAULT_CASES: dict[str, tuple[dict, ...]] = {
     key: ({}, {"max_neighbour_slowdown": 4}, UNPACED) for key in ("slots", "retention")
 }

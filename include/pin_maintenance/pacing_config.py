@@ -34,6 +34,9 @@ PACING_SETTINGS = (
     ),
 )
 
+# Both signals off: a run at its own speed, as before pacing (a test of a bound, a bench case).
+PACING_OFF = {"max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0}
+
 PACING_RULES = (
     Rule(
         "max_neighbour_slowdown",

@@ -27,6 +27,7 @@ import psycopg
 from devtools.pg import Database
 from include.pin_maintenance.db import Connect, SessionSettings
 from include.pin_maintenance.jobs import slot_expiration as se
+from include.pin_maintenance.pacing_config import PACING_OFF
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import LogOnlyAlerts, RecordingMetrics, Telemetry
 from tests.job_db import job_connect, job_telemetry
@@ -38,7 +39,7 @@ WAIT_LIMIT_SECONDS = 30
 # one batch, seed 002's bound; test_slot_expiration_bounds.py tests that bound itself).
 DRAIN = {"max_batches_per_cycle": 1000}
 # Tests of a bound or a race that a pause between batches would change (docs/design.md, "Pacing")
-UNPACED = {"max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0}
+UNPACED = PACING_OFF
 
 TEST_TRIGGERS = """
 create table public.slot_gate (id uuid primary key);

@@ -32,13 +32,14 @@ from devtools.retention_data import (
 )
 from include.pin_maintenance.db import SessionSettings, advisory_lock
 from include.pin_maintenance.jobs import activity_retention as job
+from include.pin_maintenance.pacing_config import PACING_OFF
 from include.pin_maintenance.runloop import JobCancelled, StopSignal
 from include.pin_maintenance.telemetry import RecordingMetrics
 from tests.job_db import job_cli, job_connect, job_telemetry, job_url
 
 pytestmark = pytest.mark.integration
 
-UNPACED = {"max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0}
+UNPACED = PACING_OFF
 
 REPO = Path(__file__).resolve().parents[2]
 # The clean-stop bound the tests hold the job to: from the first exception in any loop until
