@@ -17,7 +17,12 @@ from psycopg import sql as psql
 
 from devtools import pg
 from devtools.pg_cluster import Cluster
-from include.pin_maintenance.pacing import REASON_REPLICA_LAG, Pacer, PacingLimits
+from include.pin_maintenance.pacing import (
+    PROBE_INTERVAL_SECONDS,
+    REASON_REPLICA_LAG,
+    Pacer,
+    PacingLimits,
+)
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
 from tests.integration.slot_expiration_fixtures import insert_due_slots, run_job
@@ -78,8 +83,11 @@ def test_a_held_back_replica_holds_the_loop_until_its_replay_resumes(cluster, ca
         replay(cluster, "pause")
         try:
             conn.execute(WRITE_WAL)  # a batch's WAL the replica does not replay
+            time.sleep(PROBE_INTERVAL_SECONDS)  # so that the next batch's end probes
             paced.after_batch(0, StopSignal(), 0.05)  # seen written, not yet 1 s old
             assert paced.totals.total == 0
+            probed = paced._last
+            assert probed is not None and probed.replay_bytes < probed.wal_bytes
             time.sleep(1.5)
             conn.execute(WRITE_WAL)  # the next batch: its loop is held now
             threading.Timer(4.0, replay, args=(cluster, "resume")).start()
@@ -170,7 +178,12 @@ def test_a_retention_step_holds_while_the_replica_is_held_back(cluster, primary,
     try:
         config = retention.CONFIG.resolve(
             None,
-            {"batch_size": 50, "max_replica_lag_seconds": 0.2, "max_neighbour_slowdown": 0},
+            {
+                "batch_size": 10,  # 300 batches a step: each step outlasts a probe or two
+                "max_batches_per_run": 1000,
+                "max_replica_lag_seconds": 0.2,
+                "max_neighbour_slowdown": 0,
+            },
         )
         result = retention.run(
             job_connect(primary, retention.JOB),
