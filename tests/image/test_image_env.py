@@ -64,15 +64,12 @@ DESELECTED = [
     "tests/dags/test_deadline_dags_test_fix.py",
     "tests/dags/test_metrics_statsd.py",
     "tests/dags/test_deadline_failure_callback.py",
-    # the tests' own fork server (devtools/airflow_forkserver.py): how its prebuilt Execution
-    # API app is handed out, and a failing run's parity with a plain console-script run (a
-    # plain `dags test` of three task tries, the image run's costliest test). Test tooling on
-    # the same Airflow, not the image's environment; every job-DAG run kept here goes through
-    # the fork server, and tests/dags/test_airflow_cli.py's cheaper checks stay
-    "tests/dags/test_airflow_cli.py::"
-    "test_a_childs_first_execution_api_has_the_prebuilt_app_and_later_ones_build_their_own",
-    "tests/dags/test_airflow_cli.py::test_a_forked_dags_test_ends_as_the_console_scripts",
-    # the same for a successful run of each job DAG (four plain `dags test` runs): test tooling
+    # the tests' own fork server (devtools/airflow_forkserver.py): how it hands out its prebuilt
+    # Execution API app and where it steps aside, and a failing run's parity with a plain
+    # console-script run. Test tooling on the same Airflow, not the image's environment; every
+    # job-DAG run kept here goes through the fork server
+    "tests/dags/test_airflow_cli.py",
+    # the same for a successful run of two job DAGs (two plain `dags test` runs): test tooling
     # too, and the job-DAG runs kept here already run each DAG in this environment
     "tests/dags/test_forkserver_parity.py",
     # the jobs' metrics through Airflow's OTel path: the .venv run proves the path on the same
