@@ -21,20 +21,24 @@ Two signals, read between batches on the loop's own connection (at most every
   pt-archiver's ``--sleep-coef``); the multiple doubles while the canary stays slow and decays
   once it is back, so the drain takes what the database can spare.
 
+While other sessions are busy the loops also take turns, one batch at a time, so the job never
+takes more than one core and one stream of WAL from them; a run that finds them busy before
+its first batch starts at half speed and earns the rest while the canary stays healthy.
 Nobody else there (other sessions active in fewer than one probe in ten of the last 5 s): no
-canary pacing, the drain runs at full speed. Reading the other sessions and the replicas needs
-``pg_read_all_stats`` (in ``pg_monitor``); a role without it runs with the canary alone,
-counting every moment as shared, and logs one warning. Every pause takes its timeout from the
-run's deadline and ends on a stop.
+canary pacing, the loops run side by side at full speed. Reading the other sessions and the
+replicas needs ``pg_read_all_stats`` (in ``pg_monitor``); a role without it runs with the
+canary alone, counting every moment as shared (one loop at a time), and logs one warning.
+Every pause takes its timeout from the run's deadline and ends on a stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,6 +63,14 @@ CANARY_SLACK_SECONDS = 0.0005
 NEIGHBOURS_WINDOW_SECONDS = 5.0
 NEIGHBOURS_SHARE = 0.1
 NICE_START = 0.5  # the first sleep, as a multiple of the batch's own time
+# A run that finds other sessions busy starts at this multiple (half speed, one loop at a time)
+# and earns the rest while the canary stays healthy: its first seconds are not a burst.
+NICE_SHARED_START = 1.0
+TURN_WAIT_SECONDS = 0.2  # a loop waiting for its turn looks at its stop signal this often
+# A batch that holds the turn longer than this (or 3x the recent batches' median, if longer) is
+# stuck, e.g. on a lock: the other loops go on without a turn rather than stall behind it.
+TURN_PATIENCE_SECONDS = 1.0
+RECENT_BATCHES = 8  # batch times whose median sets the patience
 NICE_MAX = 20.0  # at most this multiple: the drain keeps at least 1/21 of its pace
 NICE_DECAY = 0.75  # each healthy probe shortens the sleep by this factor
 NICE_FLOOR = 0.05  # below this, no sleep at all
@@ -205,7 +217,10 @@ class Pacer:
         self._others: deque[tuple[float, bool]] = deque()  # (probe time, others active)
         self._stats_readable = True
         self._nice = 0.0
-        self._paced_by: str | None = None  # the reason of the pause in progress, for its log line
+        self._shared = False  # other sessions busy in enough recent probes
+        self._turn = threading.Lock()  # held by the loop whose batch runs, while taking turns
+        self._turn_since = 0.0  # when the turn was last taken
+        self._batch_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -223,22 +238,70 @@ class Pacer:
                 signals="replica_lag,neighbour_activity",
                 reason="role lacks pg_read_all_stats (pg_monitor)",
             )
-        if self.limits.max_neighbour_slowdown:
-            samples = [self._canary(conn) for _ in range(BASELINE_CANARIES)]
-            self._baseline = statistics.median(samples)
-            self.telemetry.log.info("pacing_baseline", canary_ms=round(self._baseline * 1000, 3))
-        self._remember(self._read(conn))
+        if not self.limits.max_neighbour_slowdown:
+            self._remember(self._read(conn))
+            return
+        readings = [self._read(conn) for _ in range(BASELINE_CANARIES)]
+        self._baseline = statistics.median(r.canary_seconds or 0.0 for r in readings)
+        with self._lock:
+            for reading in readings:
+                self._note(reading)
+            self._shared = database_shared([active for _, active in self._others])
+            if self._shared:
+                self._nice = NICE_SHARED_START
+        self.telemetry.log.info(
+            "pacing_baseline",
+            canary_ms=round(self._baseline * 1000, 3),
+            database_shared=self._shared,
+        )
+        if self._shared:
+            self.telemetry.log.info(
+                "job_paced",
+                reason=REASON_NEIGHBOUR_LATENCY,
+                value=round(self._baseline * 1000, 3),
+                limit=round(self.limits.max_neighbour_slowdown * self._baseline * 1000, 3),
+            )
 
     # -- between batches -------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def turn(self, lane: Lane) -> Iterator[None]:
+        """:class:`parallel.BatchPacing`'s turn: while other sessions share the database and
+        the canary is on, the loops take turns, one batch at a time, so the job never takes
+        more than one core and one stream of WAL from the services beside it. A batch stuck in
+        its turn past :meth:`_turn_patience` does not hold the others back."""
+        with self._lock:
+            taking_turns = self._shared and bool(self.limits.max_neighbour_slowdown)
+        if not taking_turns:
+            yield
+            return
+        while not self._turn.acquire(timeout=TURN_WAIT_SECONDS):
+            with self._lock:
+                stuck = self.clock() - self._turn_since > self._turn_patience()
+            if stuck or lane.stop.is_set():
+                yield  # without a turn: the loop sees the stop, or goes past a stuck batch
+                return
+        with self._lock:
+            self._turn_since = self.clock()
+        try:
+            yield
+        finally:
+            self._turn.release()
+
+    def _turn_patience(self) -> float:
+        recent = statistics.median(self._batch_seconds) if self._batch_seconds else 0.0
+        return max(TURN_PATIENCE_SECONDS, 3 * recent)
+
     def pace(self, lane: Lane, batch_seconds: float) -> None:
-        """:func:`parallel.run_batch_loops`'s ``pace`` hook."""
+        """:class:`parallel.BatchPacing`'s pace: :meth:`after_batch` for the lane."""
         self.after_batch(lane.index, lane.stop, batch_seconds)
 
     def after_batch(self, lane_index: int, stop: StopSignal, batch_seconds: float) -> None:
         """Hold while a replica is behind; then sleep the current multiple of the batch time."""
         if self.limits.off:
             return
+        with self._lock:
+            self._batch_seconds.append(batch_seconds)
         conn = self.connections.get(lane_index)
         if conn is None:
             return
@@ -314,21 +377,25 @@ class Pacer:
             conn.execute(sql.load("pacing/commit_canary"))
         return self.clock() - started
 
+    def _note(self, reading: Reading) -> None:
+        """Keep a reading's WAL position and neighbours (under ``_lock``)."""
+        self._last = reading
+        self._history.append((reading.at, reading.wal_bytes))
+        while self._history and reading.at - self._history[0][0] > HISTORY_SECONDS:
+            self._history.popleft()
+        self._others.append((reading.at, reading.others_active != 0))
+        while reading.at - self._others[0][0] > NEIGHBOURS_WINDOW_SECONDS:
+            self._others.popleft()
+
     def _remember(self, reading: Reading) -> None:
         """Fold a reading into the state: history, neighbours, and the sleep multiple."""
         with self._lock:
-            self._last = reading
-            self._history.append((reading.at, reading.wal_bytes))
-            while self._history and reading.at - self._history[0][0] > HISTORY_SECONDS:
-                self._history.popleft()
-            self._others.append((reading.at, reading.others_active != 0))
-            while reading.at - self._others[0][0] > NEIGHBOURS_WINDOW_SECONDS:
-                self._others.popleft()
+            self._note(reading)
             if reading.canary_seconds is None:
                 return
             self._canaries.append(reading.canary_seconds)
-            shared = database_shared([active for _, active in self._others])
-            slow = shared and canary_slow(
+            self._shared = database_shared([active for _, active in self._others])
+            slow = self._shared and canary_slow(
                 self._canaries, self._baseline, self.limits.max_neighbour_slowdown
             )
             before, self._nice = self._nice, next_nice(self._nice, slow=slow)

@@ -29,8 +29,9 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from include.pin_maintenance.runloop import StopReason, StopSignal
 
@@ -206,6 +207,19 @@ class BatchBudget:
             return True
 
 
+class BatchPacing(Protocol):
+    """How a crew of batch loops yields to the database's other users (:mod:`pacing`)."""
+
+    def turn(self, lane: Lane) -> AbstractContextManager[None]:
+        """Held around each batch: may make the loops take turns. Must return on the lane's
+        stop (then without a turn)."""
+        ...
+
+    def pace(self, lane: Lane, batch_seconds: float) -> None:
+        """Runs after each full batch, before the next one is taken: may wait."""
+        ...
+
+
 def run_batch_loops(
     batches: Sequence[Callable[[Lane], bool]],
     *,
@@ -213,7 +227,7 @@ def run_batch_loops(
     deadline: Deadline,
     budget: BatchBudget,
     grace_seconds: float,
-    pace: Callable[[Lane, float], None] | None = None,
+    pacing: BatchPacing | None = None,
 ) -> StopReason:
     """Run one batch loop per lane (:func:`run_lanes`) and return why the crew stopped.
 
@@ -222,23 +236,25 @@ def run_batch_loops(
     deadline (except for the crew's first batch, so a run always makes progress) and on the
     shared budget. The crew's reason is the strongest of its loops': cancelled, then a
     bound, then drained. A sibling's failure is re-raised by :func:`run_lanes`.
-    ``pace(lane, batch_seconds)`` runs after each full batch, before the next one is taken:
-    where a job waits for the database's other users (:mod:`pacing`).
+    ``pacing`` is where a job waits for the database's other users: each batch runs inside
+    its ``turn`` (checks included, so a loop that waited for its turn checks afresh) and its
+    ``pace`` runs after each full batch.
     """
 
     def loop(lane: Lane, batch: Callable[[Lane], bool]) -> StopReason:
         while True:
-            if lane.stop.is_set():
-                return StopReason.CANCELLED
-            if budget.taken and deadline.expired():
-                return StopReason.MAX_DURATION
-            if not budget.take():
-                return StopReason.MAX_BATCHES
-            started = time.monotonic()
-            if not batch(lane):
-                return StopReason.DRAINED
-            if pace is not None:
-                pace(lane, time.monotonic() - started)
+            with pacing.turn(lane) if pacing is not None else contextlib.nullcontext():
+                if lane.stop.is_set():
+                    return StopReason.CANCELLED
+                if budget.taken and deadline.expired():
+                    return StopReason.MAX_DURATION
+                if not budget.take():
+                    return StopReason.MAX_BATCHES
+                started = time.monotonic()
+                if not batch(lane):
+                    return StopReason.DRAINED
+            if pacing is not None:
+                pacing.pace(lane, time.monotonic() - started)
 
     lanes = [lambda lane, batch=batch: loop(lane, batch) for batch in batches]
     reasons = run_lanes(lanes, stop=stop, deadline=deadline, grace_seconds=grace_seconds)

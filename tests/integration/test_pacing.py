@@ -13,11 +13,13 @@ import psycopg
 import pytest
 
 from include.pin_maintenance.pacing import (
+    NICE_SHARED_START,
     PROBE_INTERVAL_SECONDS,
     REASON_NEIGHBOUR_LATENCY,
     Pacer,
     PacingLimits,
 )
+from include.pin_maintenance.parallel import BatchBudget, Deadline, run_batch_loops
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
 from tests.integration.slot_expiration_fixtures import insert_due_slots, run_job
@@ -104,6 +106,91 @@ def test_an_idle_database_is_never_paced(db):
         paced.start(conn)
         probe_until(paced, conn, lambda: False, 3)
     assert paced.totals.total == 0
+
+
+def most_batches_at_once(pacer: Pacer, conns: list[psycopg.Connection]) -> int:
+    """Run two loops of 20 ms batches, 16 in all, under ``pacer``; the most that overlapped."""
+    lock, running, most = threading.Lock(), [0], [0]
+    pacer.connections = dict(enumerate(conns))
+
+    def batch(lane) -> bool:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.02)
+        with lock:
+            running[0] -= 1
+        return True
+
+    run_batch_loops(
+        [batch, batch],
+        stop=StopSignal(),
+        deadline=Deadline(60),
+        budget=BatchBudget(16),
+        grace_seconds=1,
+        pacing=pacer,
+    )
+    return most[0]
+
+
+def test_loops_take_turns_beside_busy_sessions_and_run_side_by_side_without_them(db, caplog):
+    caplog.set_level(logging.INFO)
+    limits = PacingLimits(max_replica_lag_seconds=0, max_neighbour_slowdown=2)
+    with (
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as first,
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as second,
+    ):
+        alone = pacer(limits)
+        alone.start(first)
+        assert most_batches_at_once(alone, [first, second]) == 2
+        with busy(db.url, [CPU_HOG]):
+            polite = pacer(limits)
+            polite.start(first)  # finds the others busy: starts at half speed, one at a time
+            assert polite._nice == NICE_SHARED_START
+            assert most_batches_at_once(polite, [first, second]) == 1
+    assert polite.totals.seconds[REASON_NEIGHBOUR_LATENCY] > 0
+    lines = [r.getMessage() for r in caplog.records]
+    baselines = [line for line in lines if line.startswith("event=pacing_baseline ")]
+    assert "database_shared=False" in baselines[0] and "database_shared=True" in baselines[1]
+
+
+def test_a_stuck_batch_does_not_hold_the_other_loops_back(db):
+    # the first batch taken blocks for 4 s (as on a row lock); the other loop's ten batches
+    # must not wait for it beyond the turn's patience
+    limits = PacingLimits(max_replica_lag_seconds=0, max_neighbour_slowdown=2)
+    lock, stuck, free_done = threading.Lock(), [], []
+
+    def batch(lane) -> bool:
+        with lock:
+            first = not stuck
+            if first:
+                stuck.append(lane.index)
+        if first:
+            time.sleep(4.0)
+            return False
+        time.sleep(0.02)
+        free_done.append(time.monotonic())
+        return len(free_done) < 10
+
+    with (
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as first,
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as second,
+        busy(db.url, [CPU_HOG]),
+    ):
+        polite = pacer(limits)
+        polite.start(first)
+        polite.connections = {0: first, 1: second}
+        started = time.monotonic()
+        run_batch_loops(
+            [batch, batch],
+            stop=StopSignal(),
+            deadline=Deadline(60),
+            budget=BatchBudget(None),
+            grace_seconds=1,
+            pacing=polite,
+        )
+    assert polite._shared and len(free_done) == 10
+    assert free_done[-1] - started < 4.0  # done while the stuck batch still held its turn
 
 
 def test_a_role_without_pg_monitor_runs_with_the_canary_alone_and_one_warning(db, caplog):

@@ -3,6 +3,7 @@ is bounded, bounds are checked between batches (pure; no DB)."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -287,3 +288,68 @@ def test_a_failing_loop_stops_its_siblings_and_its_error_is_raised():
 )
 def test_the_crew_reports_its_strongest_stop_reason(reasons, expected):
     assert strongest_stop_reason(reasons) is expected
+
+
+class RecordingPacing:
+    """A pacing that notes what ran inside its turns and after which batches it paced."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.inside = False
+
+    @contextlib.contextmanager
+    def turn(self, lane):
+        self.events.append("turn")
+        self.inside = True
+        try:
+            yield
+        finally:
+            self.inside = False
+
+    def pace(self, lane, batch_seconds):
+        assert not self.inside
+        self.events.append(f"pace {batch_seconds >= 0.01}")
+
+
+def test_each_batch_runs_inside_a_turn_and_only_full_batches_are_paced():
+    pacing = RecordingPacing()
+    calls = []
+
+    def batch(lane):
+        assert pacing.inside  # the batch (and the checks before it) hold the turn
+        calls.append(lane.index)
+        time.sleep(0.01)
+        return len(calls) < 3
+
+    reason = run_batch_loops(
+        [batch],
+        stop=StopSignal(),
+        deadline=Deadline(60),
+        budget=BatchBudget(None),
+        grace_seconds=1,
+        pacing=pacing,
+    )
+    assert reason is StopReason.DRAINED
+    assert pacing.events == ["turn", "pace True", "turn", "pace True", "turn"]
+
+
+def test_a_stop_seen_inside_the_turn_ends_the_loop_before_its_batch():
+    pacing = RecordingPacing()
+    stop = StopSignal()
+    calls = []
+
+    def batch(lane):
+        calls.append(lane.index)
+        stop.set("test")
+        return True
+
+    reason = run_batch_loops(
+        [batch],
+        stop=stop,
+        deadline=Deadline(60),
+        budget=BatchBudget(None),
+        grace_seconds=1,
+        pacing=pacing,
+    )
+    assert reason is StopReason.CANCELLED
+    assert calls == [0] and pacing.events == ["turn", "pace False", "turn"]

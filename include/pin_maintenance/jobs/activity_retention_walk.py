@@ -144,7 +144,7 @@ class KeysetWalk:
             deadline=self.deadline,
             budget=BatchBudget(self.plan.max_batches_per_run),
             grace_seconds=STOP_GRACE_SECONDS,
-            pace=pacer.pace if pacer is not None else None,
+            pacing=pacer,
         )
         self.stop_reason = self._reason(loops)
         return StepResult(

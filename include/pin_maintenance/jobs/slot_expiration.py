@@ -375,7 +375,7 @@ class BatchLoops:
                 deadline=self.deadline,
                 budget=self.budget,
                 grace_seconds=STOP_GRACE_SECONDS,
-                pace=self.pacer.pace if self.pacer is not None else None,
+                pacing=self.pacer,
             )
         except BaseException as exc:
             if side:
