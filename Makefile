@@ -64,9 +64,9 @@ screenshots: $(PLUGIN_STAMP) ## the make-up UI in headless Chromium: docs/screen
 bench: $(PLUGIN_STAMP) ## benchmarks against the physical limit; writes docs/benchmarks.md
 	$(BIN)/python -m devtools.bench
 
-bench-smoke: $(PLUGIN_STAMP) ## the benchmark at tiny sizes (the neighbour section too; the rest is part of make test)
+bench-smoke: $(PLUGIN_STAMP) ## the benchmark at tiny sizes (the Airflow-heavy sections too; the rest is part of make test)
 	$(BIN)/python -m devtools.bench --smoke
-	$(BIN)/python -m devtools.bench --smoke --only neighbours --out .local/bench/neighbours-smoke.md
+	$(BIN)/python -m devtools.bench --smoke --only detach_capacity airflow neighbours --out .local/bench/airflow-smoke.md
 
 clean: ## stop the embedded Postgres, remove .local/ and caches (keeps .venv)
 	-@test -x $(BIN)/python && $(BIN)/python -m devtools.pg stop

@@ -218,4 +218,5 @@ CAPACITY = SectionSpec(
     key="detach_capacity",
     title="Snapshot detach at the service's capacity (adaptive concurrency)",
     run=bench_detach_capacity,
+    in_smoke=False,  # a loopback service per case and an `airflow dags test`: make bench-smoke
 )

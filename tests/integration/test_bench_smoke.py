@@ -1,10 +1,11 @@
 """``make bench`` at tiny sizes, so the benchmark harness cannot rot.
 
 Runs ``python -m devtools.bench --smoke`` against the test server (``PIN_PG_URL``) and checks
-that it exits 0 and writes a report with every section measured. The neighbour section (its own
-primary, replica and pgbench, four ``airflow dags test`` runs: about 100 CPU-s) runs in ``make
-bench-smoke`` only; its readings have unit tests and its cluster serves the pacing replica
-tests. Speed is not asserted here: figures live in docs/benchmarks.md.
+that it exits 0 and writes a report with every section measured. The sections that run
+``airflow dags test`` (the Airflow overhead, detach at the service's capacity, the neighbours
+with their own primary, replica and pgbench: each a minute or more of CPU) run in ``make
+bench-smoke`` only (the capacity and neighbour readings have unit tests). Speed is not
+asserted here: figures live in docs/benchmarks.md.
 """
 
 from __future__ import annotations
