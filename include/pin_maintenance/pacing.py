@@ -27,7 +27,8 @@ its first batch starts at half speed and earns the rest while the canary stays h
 Nobody else there (other sessions active in fewer than one probe in ten of the last 5 s): no
 canary pacing, the loops run side by side at full speed. Reading the other sessions and the
 replicas needs ``pg_read_all_stats`` (in ``pg_monitor``); a role without it runs with the
-canary alone, counting every moment as shared (one loop at a time), and logs one warning.
+canary alone, counting every moment as shared for it (its loops take turns only while the
+canary paces them, and it starts at full speed), and logs one warning.
 Every pause takes its timeout from the run's deadline and ends on a stop.
 """
 
@@ -217,7 +218,8 @@ class Pacer:
         self._others: deque[tuple[float, bool]] = deque()  # (probe time, others active)
         self._stats_readable = True
         self._nice = 0.0
-        self._shared = False  # other sessions busy in enough recent probes
+        self._shared = False  # other sessions busy (or unreadable) in enough recent probes
+        self._others_seen = False  # ... and seen busy, by a role that can read them
         self._turn = threading.Lock()  # held by the loop whose batch runs, while taking turns
         self._turn_since = 0.0  # when the turn was last taken
         self._batch_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
@@ -247,14 +249,15 @@ class Pacer:
             for reading in readings:
                 self._note(reading)
             self._shared = database_shared([active for _, active in self._others])
-            if self._shared:
+            self._others_seen = self._stats_readable and self._shared
+            if self._others_seen:
                 self._nice = NICE_SHARED_START
         self.telemetry.log.info(
             "pacing_baseline",
             canary_ms=round(self._baseline * 1000, 3),
-            database_shared=self._shared,
+            database_shared=self._others_seen,
         )
-        if self._shared:
+        if self._others_seen:
             self.telemetry.log.info(
                 "job_paced",
                 reason=REASON_NEIGHBOUR_LATENCY,
@@ -266,21 +269,26 @@ class Pacer:
 
     @contextlib.contextmanager
     def turn(self, lane: Lane) -> Iterator[None]:
-        """:class:`parallel.BatchPacing`'s turn: while other sessions share the database and
-        the canary is on, the loops take turns, one batch at a time, so the job never takes
-        more than one core and one stream of WAL from the services beside it. A batch stuck in
+        """:class:`parallel.BatchPacing`'s turn: while other sessions are seen busy (or, for a
+        role that cannot see them, while the canary paces) and the canary is on, the loops take
+        turns, one batch at a time, so the job never takes more than one core and one stream of
+        WAL from the services beside it. A batch stuck in
         its turn past :meth:`_turn_patience` does not hold the others back."""
         with self._lock:
-            taking_turns = self._shared and bool(self.limits.max_neighbour_slowdown)
+            taking_turns = bool(self.limits.max_neighbour_slowdown) and (
+                self._others_seen or self._nice > 0
+            )
         if not taking_turns:
             yield
             return
-        while not self._turn.acquire(timeout=TURN_WAIT_SECONDS):
+        acquired = self._turn.acquire(blocking=False)
+        while not acquired:
             with self._lock:
                 stuck = self.clock() - self._turn_since > self._turn_patience()
             if stuck or lane.stop.is_set():
                 yield  # without a turn: the loop sees the stop, or goes past a stuck batch
                 return
+            acquired = self._turn.acquire(timeout=TURN_WAIT_SECONDS)
         with self._lock:
             self._turn_since = self.clock()
         try:
@@ -395,6 +403,7 @@ class Pacer:
                 return
             self._canaries.append(reading.canary_seconds)
             self._shared = database_shared([active for _, active in self._others])
+            self._others_seen = self._stats_readable and self._shared
             slow = self._shared and canary_slow(
                 self._canaries, self._baseline, self.limits.max_neighbour_slowdown
             )

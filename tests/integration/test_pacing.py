@@ -196,11 +196,17 @@ def test_a_stuck_batch_does_not_hold_the_other_loops_back(db):
 def test_a_role_without_pg_monitor_runs_with_the_canary_alone_and_one_warning(db, caplog):
     # the slot job's own role, as the grant script makes it: no pg_read_all_stats
     caplog.set_level(logging.INFO)
-    with psycopg.connect(db.job_url("calendar_db"), autocommit=True) as conn:
+    with (
+        psycopg.connect(db.job_url("calendar_db"), autocommit=True) as conn,
+        psycopg.connect(db.job_url("calendar_db"), autocommit=True) as second,
+    ):
         paced = pacer(PacingLimits(max_replica_lag_seconds=2, max_neighbour_slowdown=2))
         paced.start(conn)
+        assert paced._nice == 0  # not seen shared: no slow start
         probe_until(paced, conn, lambda: False, 1)
         reading = paced._last
+        # unseen neighbours do not make the loops take turns; only a slow canary would
+        assert most_batches_at_once(paced, [conn, second]) == 2
     assert reading is not None and reading.others_active is None
     warnings = [
         r.getMessage() for r in caplog.records if "pacing_signal_unavailable" in r.getMessage()

@@ -350,17 +350,17 @@ class BatchLoops:
     def run(self, conn: psycopg.Connection) -> StopReason:
         if self.stop.is_set():
             return StopReason.CANCELLED
-        if self.pacer is not None:
-            self.pacer.start(conn)  # its baseline: the database before this cycle's load
         # The first batch alone decides whether side loops are worth their connections: a
-        # short one (nothing more due, the usual cycle) opens none.
+        # short one (nothing more due, the usual cycle) opens none and reads no pacing signal.
         self.budget.take()
         started = time.monotonic()
         if not run_batch(conn, self.cycle, self.positions[0], self.telemetry, self.alerts):
             return StopReason.DRAINED
         if self.pacer is not None:
+            batch_seconds = time.monotonic() - started
+            self.pacer.start(conn)  # its baseline: the database before the drain's other batches
             self.pacer.connections[0] = conn
-            self.pacer.after_batch(0, self.stop, time.monotonic() - started)
+            self.pacer.after_batch(0, self.stop, batch_seconds)
         side = self._open_side_connections(conn)
         batches = [self._batches(conn, self.positions[0])]
         for number, side_conn in enumerate(side, start=2):
