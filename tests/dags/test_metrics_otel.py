@@ -44,6 +44,7 @@ from devtools.pg import Database
 from devtools.retention_data import seed_sessions
 from devtools.selections_service import SelectionsService
 from tests.dags.test_metrics_statsd import CATALOG, FIXTURES, NO_JOB_DB, emit_plan
+from tests.dags.test_traces_dags_test import tracing_env
 from tests.integration.slot_expiration_fixtures import insert_slot, table_state
 from tests.integration.snapshot_detach_fixtures import insert_entry, rows
 
@@ -164,10 +165,12 @@ class Run:
     facts: dict[str, float | Range]
 
 
-def run_with_otel(run_dag, otlp: OtlpReceiver, dag_id: str, db: Database, **kwargs) -> Run:
+def run_with_otel(
+    run_dag, otlp: OtlpReceiver, dag_id: str, db: Database, env: dict | None = None, **kwargs
+) -> Run:
     otlp.clear()
     t0, m0 = time.time(), time.monotonic()
-    done = run_dag(dag_id, db, extra_env=otel_env(otlp), **kwargs)
+    done = run_dag(dag_id, db, extra_env=(env or {}) | otel_env(otlp), **kwargs)
     t1, wall_ms = time.time(), (time.monotonic() - m0) * 1000
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-5000:]
@@ -286,7 +289,9 @@ def test_retention_metrics_arrive_with_the_rows_deleted(db: Database, run_dag, o
     check_job_metrics(otlp, RETENTION_METRICS, run.facts | deleted | {"session_batches": batches})
 
 
-def test_detach_metrics_arrive_with_the_run_s_outcomes(db: Database, run_dag, otlp):
+def test_detach_metrics_arrive_with_the_run_s_outcomes_and_no_spans_with_tracing_off(
+    db: Database, run_dag, otlp
+):
     created_ago = timedelta(minutes=5)
     inserting = time.time()
     entries = [insert_entry(db, created_ago=created_ago) for _ in range(5)]
@@ -295,8 +300,12 @@ def test_detach_metrics_arrive_with_the_run_s_outcomes(db: Database, run_dag, ot
     with SelectionsService() as svc:
         svc.script(retry.snapshot_id, "error_503")
         svc.script(bad.snapshot_id, "bad_request")
-        run = run_with_otel(run_dag, otlp, DETACH, db, selections_url=svc.url)
+        # every OTEL_* setting of tracing in place, only [traces] otel_on off
+        tracing_off = tracing_env(otlp.endpoint) | {"AIRFLOW__TRACES__OTEL_ON": "False"}
+        run = run_with_otel(run_dag, otlp, DETACH, db, env=tracing_off, selections_url=svc.url)
         calls = [c for e in entries for c in svc.calls_for(e.snapshot_id)]
+    assert all(c.traceparent is None for c in calls)
+    assert otlp.spans() == [] and "trace_id=" not in run.output
 
     state = {sid: r.status for sid, r in rows(db).items()}
     outcome = {s: sum(v == s for v in state.values()) for s in ("Done", "Pending", "Quarantined")}

@@ -2,8 +2,9 @@
 
 There is no worker span under ``dags test`` (the task's ``context_carrier`` is None), so the
 job's run span is the root of a trace of its own; its CLIENT spans reach the loopback receiver
-(the real protobuf, decoded) and selections receives their ``traceparent``. With tracing off,
-nothing is exported and no ``traceparent`` is sent.
+(the real protobuf, decoded) and selections receives their ``traceparent``. With tracing off
+nothing is exported and no ``traceparent`` is sent (checked by the detach run of
+test_metrics_otel.py, which has every tracing setting but ``otel_on`` in place).
 """
 
 from __future__ import annotations
@@ -56,16 +57,3 @@ def test_dags_test_exports_the_job_spans_as_their_own_trace(db, run_dag):
         assert call.traceparent.split("-")[1:3] == [run.trace_id, span.span_id]
     # the log lines of the run name its trace (logs and traces join)
     assert f"trace_id={run.trace_id}" in _output(done)
-
-
-def test_dags_test_with_tracing_off_exports_nothing(db, run_dag):
-    entries = insert_entries(db, 2)
-    with OtlpReceiver() as otlp, SelectionsService() as svc:
-        # every OTEL_* setting in place, only [traces] otel_on off
-        env = tracing_env(otlp.endpoint) | {"AIRFLOW__TRACES__OTEL_ON": "False"}
-        done = run_dag(RETRY, db, selections_url=svc.url, extra_env=env)
-        assert done.returncode == 0, _output(done)
-        calls = [c for e in entries for c in svc.calls_for(e.snapshot_id)]
-    assert len(calls) == 2 and all(c.traceparent is None for c in calls)
-    assert otlp.requests == 0 and otlp.spans() == []
-    assert "trace_id=" not in _output(done)
