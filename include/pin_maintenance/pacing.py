@@ -26,9 +26,8 @@ takes more than one core and one stream of WAL from them; a run that finds them 
 its first batch starts at half speed and earns the rest while the canary stays healthy.
 Nobody else there (other sessions active in fewer than one probe in ten of the last 5 s): no
 canary pacing, the loops run side by side at full speed. Reading the other sessions and the
-replicas needs ``pg_read_all_stats`` (in ``pg_monitor``); a role without it runs with the
-canary alone, counting every moment as shared for it (its loops take turns only while the
-canary paces them, and it starts at full speed), and logs one warning.
+replicas needs ``pg_read_all_stats`` (in ``pg_monitor``); a role without it cannot tell its
+own load from its neighbours', so its run is not paced, and says so in one warning.
 Every pause takes its timeout from the run's deadline and ends on a stop.
 """
 
@@ -155,8 +154,7 @@ def next_nice(nice: float, *, slow: bool) -> float:
 
 
 def database_shared(others_active: Sequence[bool]) -> bool:
-    """Whether other sessions ran statements in enough of the recent probes (an unreadable
-    count, without pg_read_all_stats, counts as active: the database may be shared)."""
+    """Whether other sessions ran statements in enough of the recent probes."""
     if not others_active:
         return False
     return sum(others_active) / len(others_active) >= NEIGHBOURS_SHARE
@@ -218,8 +216,7 @@ class Pacer:
         self._others: deque[tuple[float, bool]] = deque()  # (probe time, others active)
         self._stats_readable = True
         self._nice = 0.0
-        self._shared = False  # other sessions busy (or unreadable) in enough recent probes
-        self._others_seen = False  # ... and seen busy, by a role that can read them
+        self._shared = False  # other sessions busy in enough recent probes
         self._turn = threading.Lock()  # held by the loop whose batch runs, while taking turns
         self._turn_since = 0.0  # when the turn was last taken
         self._batch_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
@@ -237,9 +234,10 @@ class Pacer:
         if not self._stats_readable:
             self.telemetry.log.warning(
                 "pacing_signal_unavailable",
-                signals="replica_lag,neighbour_activity",
-                reason="role lacks pg_read_all_stats (pg_monitor)",
+                signals="replica_lag,neighbour_latency",
+                reason="role lacks pg_read_all_stats (pg_monitor): the run is not paced",
             )
+            return
         if not self.limits.max_neighbour_slowdown:
             self._remember(self._read(conn))
             return
@@ -249,15 +247,14 @@ class Pacer:
             for reading in readings:
                 self._note(reading)
             self._shared = database_shared([active for _, active in self._others])
-            self._others_seen = self._stats_readable and self._shared
-            if self._others_seen:
+            if self._shared:
                 self._nice = NICE_SHARED_START
         self.telemetry.log.info(
             "pacing_baseline",
             canary_ms=round(self._baseline * 1000, 3),
-            database_shared=self._others_seen,
+            database_shared=self._shared,
         )
-        if self._others_seen:
+        if self._shared:
             self.telemetry.log.info(
                 "job_paced",
                 reason=REASON_NEIGHBOUR_LATENCY,
@@ -269,15 +266,12 @@ class Pacer:
 
     @contextlib.contextmanager
     def turn(self, lane: Lane) -> Iterator[None]:
-        """:class:`parallel.BatchPacing`'s turn: while other sessions are seen busy (or, for a
-        role that cannot see them, while the canary paces) and the canary is on, the loops take
-        turns, one batch at a time, so the job never takes more than one core and one stream of
-        WAL from the services beside it. A batch stuck in
+        """:class:`parallel.BatchPacing`'s turn: while other sessions are busy and the canary
+        is on, the loops take turns, one batch at a time, so the job never takes more than one
+        core and one stream of WAL from the services beside it. A batch stuck in
         its turn past :meth:`_turn_patience` does not hold the others back."""
         with self._lock:
-            taking_turns = bool(self.limits.max_neighbour_slowdown) and (
-                self._others_seen or self._nice > 0
-            )
+            taking_turns = self._shared and bool(self.limits.max_neighbour_slowdown)
         if not taking_turns:
             yield
             return
@@ -306,7 +300,7 @@ class Pacer:
 
     def after_batch(self, lane_index: int, stop: StopSignal, batch_seconds: float) -> None:
         """Hold while a replica is behind; then sleep the current multiple of the batch time."""
-        if self.limits.off:
+        if self.limits.off or not self._stats_readable:
             return
         with self._lock:
             self._batch_seconds.append(batch_seconds)
@@ -403,7 +397,6 @@ class Pacer:
                 return
             self._canaries.append(reading.canary_seconds)
             self._shared = database_shared([active for _, active in self._others])
-            self._others_seen = self._stats_readable and self._shared
             slow = self._shared and canary_slow(
                 self._canaries, self._baseline, self.limits.max_neighbour_slowdown
             )

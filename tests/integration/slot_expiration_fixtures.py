@@ -142,12 +142,15 @@ def new_run(run_id: str = "test-run") -> Run:
     return Run(telemetry, telemetry.metrics, telemetry.alerts)
 
 
-def connect_for(db: Database, app: str = "slots-test", lock_timeout_ms: int = 60_000) -> Connect:
-    """The job's connection factory (its role), tagged so that a test can find its backend."""
+def connect_for(
+    db: Database, app: str = "slots-test", lock_timeout_ms: int = 60_000, url: str | None = None
+) -> Connect:
+    """The job's connection factory (its role, or ``url``'s), tagged so that a test can find
+    its backend."""
     settings = SessionSettings(
         statement_timeout_ms=60_000, lock_timeout_ms=lock_timeout_ms, application_name=app
     )
-    return job_connect(db, se.JOB, settings)
+    return job_connect(db, se.JOB, settings, url=url)
 
 
 def run_job(
@@ -156,11 +159,13 @@ def run_job(
     *,
     run: Run | None = None,
     app: str = "slots-test",
+    url: str | None = None,
     **kwargs: Any,
 ) -> se.ExpirationResult:
     run = run or new_run()
     kwargs.setdefault("now", lambda: NOW)
-    return se.run(connect_for(db, app), config or {}, run.telemetry, run.stop, **kwargs)
+    connect = connect_for(db, app, url=url)
+    return se.run(connect, config or {}, run.telemetry, run.stop, **kwargs)
 
 
 def wait_for(predicate: Callable[[], bool], what: str) -> None:
