@@ -22,8 +22,8 @@ Two signals, read between batches on the loop's own connection (at most every
   once it is back, so the drain takes what the database can spare.
 
 While other sessions are busy the loops also take turns, one batch at a time, so the job never
-takes more than one core and one stream of WAL from them; a run that finds them busy before
-its first batch starts at half speed and earns the rest while the canary stays healthy.
+takes more than one core and one stream of WAL from them; a run that finds them busy when it
+reads its baseline starts at half speed and earns the rest while the canary stays healthy.
 Nobody else there (other sessions active in fewer than one probe in ten of the last 5 s): no
 canary pacing, the loops run side by side at full speed. Reading the other sessions and the
 replicas needs ``pg_read_all_stats`` (in ``pg_monitor``); a role without it cannot tell its
@@ -224,7 +224,8 @@ class Pacer:
     # -- set-up ----------------------------------------------------------------------------
 
     def start(self, conn: psycopg.Connection) -> None:
-        """Check what the role may read and measure the canary's baseline (before any batch)."""
+        """Check what the role may read and measure the canary's baseline (before the loops'
+        batches; the slot drain's first batch, which decides whether there are any, comes first)."""
         if self.limits.off:
             return
         row = conn.execute(sql.load("pacing/can_read_activity")).fetchone()
@@ -268,8 +269,8 @@ class Pacer:
     def turn(self, lane: Lane) -> Iterator[None]:
         """:class:`parallel.BatchPacing`'s turn: while other sessions are busy and the canary
         is on, the loops take turns, one batch at a time, so the job never takes more than one
-        core and one stream of WAL from the services beside it. A batch stuck in
-        its turn past :meth:`_turn_patience` does not hold the others back."""
+        core and one stream of WAL from the services beside it. A batch stuck in its turn past
+        :meth:`_turn_patience` does not hold the others back."""
         with self._lock:
             taking_turns = self._shared and bool(self.limits.max_neighbour_slowdown)
         if not taking_turns:
