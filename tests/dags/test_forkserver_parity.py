@@ -1,10 +1,9 @@
 """Each job DAG's successful run through the tests' fork server ends as the console script's.
 
 Every other DAG test runs ``airflow dags test`` forked from a warm interpreter
-(devtools/airflow_forkserver.py), which hands each run a prebuilt Execution API app. Here the
-two richest job DAGs (HTTP calls, an alert and a requeueable row; three chained tasks) each run
-once that way and once through the venv's ``airflow`` console script as a process of its own,
-exactly what a user runs, on two databases with the same seeded rows
+(devtools/airflow_forkserver.py), which hands each run a prebuilt Execution API app. Here each
+of the four job DAGs runs once that way and once through the venv's ``airflow`` console script
+as a process of its own, exactly what a user runs, on two databases with the same seeded rows
 (the second cloned from the first), and the two runs must agree on what a user and the next
 run see: the run's and its tasks' states and tries, each task's XCom (durations and the
 run's own clock normalised), the alerts sent, the calls made to selections, and every row of
@@ -19,7 +18,7 @@ import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from devtools import pg
 from devtools.pg import Database
 from devtools.retention_data import seed_sessions
 from devtools.selections_service import SelectionsService
+from tests.integration.slot_expiration_fixtures import insert_slot
 from tests.integration.snapshot_detach_fixtures import insert_entries, insert_entry
 
 pytestmark = [pytest.mark.dags, pytest.mark.slow]
@@ -55,6 +55,28 @@ def _detach(db: Database) -> Seeded:
     )
 
 
+def _requeue(db: Database) -> Seeded:
+    chosen = insert_entry(db, status="Quarantined", attempts=12, last_error="HttpNotFound 404")
+    insert_entry(db, status="Quarantined", attempts=12)
+    return Seeded(conf={"snapshot_ids": [chosen.snapshot_id]})
+
+
+def _slots(db: Database) -> Seeded:
+    now = datetime.now(UTC)
+    with db.connect() as conn:
+        for hours in range(1, 6):
+            insert_slot(conn, start_at=now - timedelta(hours=hours))
+        insert_slot(conn, start_at=now + timedelta(days=1))
+        insert_slot(conn, status="Booked", start_at=now - timedelta(hours=2))
+        # version + 1 overflows: a poison row the run isolates and reports, and still succeeds
+        insert_slot(conn, start_at=now - timedelta(hours=9), version=2**31 - 1)
+    # two batch loops (the first batch is full): the drain mode's second connection too
+    return Seeded(
+        conf={"batch_size": 2, "max_batches_per_cycle": 100},
+        alerts=("slot_expiration_poison_row",),
+    )
+
+
 def _retention(db: Database) -> Seeded:
     with db.connect() as conn:
         seed_sessions(conn, 25, 8, 2, tag="parity")
@@ -64,6 +86,8 @@ def _retention(db: Database) -> Seeded:
 
 CASES: dict[str, Callable[[Database], Seeded]] = {
     "news_snapshot_detach_retry": _detach,
+    "news_snapshot_detach_requeue": _requeue,
+    "calendar_slot_expiration": _slots,
     "user_activity_retention": _retention,
 }
 

@@ -69,7 +69,7 @@ DESELECTED = [
     # console-script run. Test tooling on the same Airflow, not the image's environment; every
     # job-DAG run kept here goes through the fork server
     "tests/dags/test_airflow_cli.py",
-    # the same for a successful run of two job DAGs (two plain `dags test` runs): test tooling
+    # the same for a successful run of each job DAG (four plain `dags test` runs): test tooling
     # too, and the job-DAG runs kept here already run each DAG in this environment
     "tests/dags/test_forkserver_parity.py",
     # the jobs' metrics through Airflow's OTel path: the .venv run proves the path on the same
