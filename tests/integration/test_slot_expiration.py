@@ -422,8 +422,11 @@ def test_generated_mix_expires_exactly_the_past_available_slots(db: Database):
 
     result = run_job(db, {**DRAIN, "batch_size": 500})
 
-    # two runners: 500 + 500 full, then one short batch each
-    assert (result.expired_count, result.batches, result.runners) == (1200, 4, 2)
+    # two runners: the first batch (500) alone, then both loops until each comes back short;
+    # under SKIP LOCKED the side loop may take rows between the first loop's locks, so the two
+    # can end short together (500 + 215 + 485) or one after a full one (500 + 500 + 200 + 0)
+    assert (result.expired_count, result.runners) == (1200, 2)
+    assert result.batches in {3, 4}
     assert result.backlog == 0
     assert statuses(db) == {"Expired": 1300, "Available": 300, "Booked": 200, "Archived": 50}
 
