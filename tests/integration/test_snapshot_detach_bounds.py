@@ -70,8 +70,6 @@ def test_a_slow_service_cannot_stretch_the_run_past_its_bound(db):
     assert len(done) == calls == result.calls
     assert len(done) + len(given_back) == 100
     assert result.given_back == len(given_back) > 0
-    # one fast outlier does not pin the limit: calls grew past the start's one in flight
-    assert result.concurrency_peak > 2
 
 
 def test_a_retry_after_pause_never_outlasts_the_bound(db):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import random
 import threading
 import time
 
@@ -12,15 +10,13 @@ import pytest
 from include.pin_maintenance.jobs.snapshot_detach import Verdict, classify
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
 from include.pin_maintenance.jobs.snapshot_detach_flow import (
-    BASELINE_MIN_SAMPLES,
-    BASELINE_WINDOW,
     MAX_PAUSE_SECONDS,
-    AdaptiveLimit,
     Breaker,
     CallGate,
     Signal,
     call_signal,
 )
+from include.pin_maintenance.jobs.snapshot_detach_limit import WINDOW_MIN_CALLS
 from include.pin_maintenance.parallel import Deadline
 
 
@@ -46,105 +42,6 @@ from include.pin_maintenance.parallel import Deadline
 )
 def test_call_signal(outcome, signal):
     assert call_signal(outcome) is signal
-
-
-def test_limit_slow_starts_then_grows_by_one_per_window():
-    limit = AdaptiveLimit(1, 32)
-    seen = []
-    for _ in range(5):
-        limit.on_healthy(0.02)
-        seen.append(limit.slots)
-    assert seen == [2, 3, 4, 5, 6]  # +1 per success below the threshold (doubling per window)
-    for _ in range(40):
-        limit.on_healthy(0.02)
-    assert limit.slots == 32  # capped at the maximum
-    assert limit.on_congestion(limit.epoch)
-    assert limit.slots == 16
-    for _ in range(16):  # one window of successes above the threshold: +1 only
-        limit.on_healthy(0.02)
-    assert limit.limit == pytest.approx(17, abs=0.05)
-
-
-def test_limit_cuts_once_per_window_and_never_below_the_minimum():
-    limit = AdaptiveLimit(2, 64)
-    for _ in range(30):
-        limit.on_healthy(0.02)
-    epoch = limit.epoch
-    assert limit.on_congestion(epoch)
-    after_first = limit.slots
-    assert not limit.on_congestion(epoch)  # same window: a burst of 503s cuts once
-    assert limit.slots == after_first
-    for _ in range(10):
-        limit.on_congestion(limit.epoch)
-    assert limit.slots == 2
-
-
-def test_limit_probes_slowly_near_the_last_congestion_point_then_forgets_it():
-    limit = AdaptiveLimit(1, 32)
-    for _ in range(4):
-        limit.on_healthy(0.02)
-    assert limit.slots == 5
-    limit.on_congestion(limit.epoch)  # a service that takes 4 at once refused the 5th
-    assert (limit.slots, limit.ceiling) == (2, 5.0)
-    successes = 0
-    while limit.slots < 4:
-        limit.on_healthy(0.02)
-        successes += 1
-    assert successes <= 6  # back to 4 in a few calls
-    while limit.slots < 5:
-        limit.on_healthy(0.02)
-        successes += 1
-    assert successes >= 40  # the step to 5, where it was refused, is 10x slower
-    while limit.limit <= 5.0:
-        limit.on_healthy(0.02)
-    assert limit.ceiling == float("inf")  # passed it without a complaint: forgotten
-
-
-def test_limit_holds_when_latency_does_not():
-    limit = AdaptiveLimit(1, 32)
-    for _ in range(BASELINE_MIN_SAMPLES):
-        limit.on_healthy(0.02)
-    grown = limit.limit
-    limit.on_healthy(0.05)  # > 2x the baseline (median 20 ms): hold
-    assert limit.limit == grown
-    limit.on_healthy(0.03)
-    assert limit.limit == grown + 1
-
-
-def test_one_fast_outlier_does_not_pin_the_limit():
-    # the first answer in 1 ms, then every answer in 3 s. Judged against the
-    # fastest answer ever seen the limit never grew; against the moving median it does.
-    limit = AdaptiveLimit(1, 32)
-    limit.on_healthy(0.001)
-    for _ in range(BASELINE_WINDOW):
-        limit.on_healthy(3.0)
-    assert limit.baseline == 3.0
-    assert limit.slots == 32
-
-
-def test_a_latency_tail_holds_the_limit_rarely():
-    # lognormal, median 20 ms, p99 ~80 ms: most answers are within 2x the median
-    rng = random.Random(7)
-    limit = AdaptiveLimit(1, 32)
-    for _ in range(200):
-        limit.on_healthy(rng.lognormvariate(math.log(0.02), 0.6))
-    assert limit.slots == 32
-    assert 0.015 < limit.baseline < 0.026
-
-
-def test_a_slowing_service_holds_the_limit():
-    limit = AdaptiveLimit(1, 32)
-    for _ in range(BASELINE_WINDOW):
-        limit.on_healthy(0.02)
-    held = limit.limit
-    for _ in range(20):  # queueing: answers at 3x the median, not yet enough to move it
-        limit.on_healthy(0.06)
-    assert limit.limit == held
-
-
-def test_limit_rejects_bad_bounds():
-    with pytest.raises(ValueError, match="minimum <= maximum"):
-        AdaptiveLimit(5, 4)
 
 
 def test_breaker_opens_on_consecutive_failures_only():
@@ -184,16 +81,38 @@ def test_gate_admits_up_to_the_limit_and_grows():
     first = gate.acquire()
     assert first is not None
     blocked = threading.Event()
+    got = []
 
     def second():
-        gate.acquire()
+        got.append(gate.acquire())
         blocked.set()
 
-    threading.Thread(target=second, daemon=True).start()
+    waiter = threading.Thread(target=second, daemon=True)
+    waiter.start()
     assert not blocked.wait(0.3)  # limit 1: the second call waits for the first
     gate.release(first, "r1", CallOutcome(200))
     assert blocked.wait(2)
-    assert gate.limit.slots == 2 and gate.stats.peak_in_flight == 1
+    waiter.join(2)
+    assert gate.limit.slots == 1 and gate.stats.peak_in_flight == 1
+    gate.release(got[0], "r2", CallOutcome(200))
+    for i in range(WINDOW_MIN_CALLS):  # a window of healthy answers at the limit: it grows
+        gate.release(gate.acquire(), f"w{i}", CallOutcome(200))
+    assert gate.limit.slots == 2
+
+
+def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
+    now = [0.0]
+    gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
+    gate.limit.limit = 8.0
+    gate.limit.base = 0.02  # stall time: 10 x 20 ms
+    stuck = gate.acquire()  # a dropped connection attempt: no answer for a second
+    now[0] = 0.25
+    ticket = gate.acquire()  # the gate looks at the calls in flight whenever it admits one
+    assert gate.stats.stalls == 1 and gate.limit.slots == 4
+    gate.release(ticket, "fast", CallOutcome(200))
+    now[0] = 1.02
+    gate.release(stuck, "slow", CallOutcome(200))  # counted once, not again when it ends
+    assert gate.stats.stalls == 1 and gate.limit.cuts == 1
 
 
 def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():

@@ -426,6 +426,7 @@ class _Run:
             throttled=r.throttled,
             concurrency_limit=r.concurrency_limit,
             concurrency_peak=r.concurrency_peak,
+            call_stalls=r.call_stalls,
             stop_reason=r.stop_reason or ("dry_run" if r.dry_run else "lock_busy"),
             pending=r.pending,
             duration_ms=r.duration_ms,

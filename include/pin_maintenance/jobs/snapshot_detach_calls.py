@@ -206,6 +206,7 @@ class DetachCalls:
         r.retry_after_paused_seconds = gate.stats.paused_seconds
         r.concurrency_limit = gate.limit.slots
         r.concurrency_peak = gate.stats.peak_in_flight
+        r.call_stalls = gate.stats.stalls
         r.misrouted = gate.is_misrouted
         r.breaker_open = gate.is_open
         if gate.is_open:

@@ -2,22 +2,11 @@
 
 These rules sit between the job's worker threads and the selections service:
 
-- **Adaptive concurrency** (:class:`AdaptiveLimit`, AIMD like TCP's congestion control): a run
-  starts with ``detach_concurrency_min`` calls in flight and grows while answers are healthy
-  and their latency holds (``+1`` per success below the threshold found by the last cut, then
-  ``+1`` per window of ``limit`` successes), never beyond ``detach_concurrency``. A congestion
-  signal (429, 502, 503, 504, a timeout, a connection error) halves it, at most once per
-  window (calls started before the cut cannot cut again), never below the minimum, and
-  remembers where it happened: the last step below that ceiling grows
-  :data:`PLATEAU_FACTOR` times slower (a service with a fixed capacity is probed about once
-  per 50 calls instead of once per 10), and once the limit passes the ceiling without a new
-  congestion signal the ceiling is forgotten (the service has grown). A healthy
-  answer slower than :data:`LATENCY_TOLERANCE` times the *baseline* holds the limit where it is
-  instead of growing it (a queueing service answers slower before it fails). The baseline is
-  the median of the last :data:`BASELINE_WINDOW` healthy latencies: one fast
-  outlier moves a median by one place, so it cannot pin the limit the way "the fastest answer
-  ever seen" did, and a service whose latency has a tail (lognormal, p99 = 4x median) holds
-  the limit on about one answer in eight instead of most of them.
+- **Adaptive concurrency** (:class:`~include.pin_maintenance.jobs.snapshot_detach_limit.
+  AdaptiveLimit`): the calls in flight follow the service's knee, found from the mean latency
+  of each window of answers against the lowest recent one (Little's law), halved on a
+  congestion signal (429, 502, 503, 504, a timeout, a connection error, a call stalled in
+  flight), between ``detach_concurrency_min`` and ``detach_concurrency``.
 - **Retry-After**: a 429 or 503 that carries ``Retry-After`` pauses every new call for that
   long (the row itself is due no earlier either). A pause longer than
   :data:`MAX_PAUSE_SECONDS`, or one that would end after the run's bound
@@ -56,24 +45,18 @@ threads or clocks, table-tested in ``tests/unit``.
 
 from __future__ import annotations
 
-import math
-import statistics
+import itertools
 import threading
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+from include.pin_maintenance.jobs.snapshot_detach_limit import AdaptiveLimit
 from include.pin_maintenance.jobs.snapshot_detach_rules import AUTH_NAMES
 from include.pin_maintenance.parallel import Deadline
 
-LATENCY_TOLERANCE = 2.0  # healthy answers slower than this times the baseline: do not grow
-BASELINE_WINDOW = 64  # healthy latencies the baseline (their median) is taken over
-BASELINE_MIN_SAMPLES = 8  # fewer than this: no baseline yet, grow
 WAIT_SLICE_SECONDS = 0.2  # a waiting worker rechecks the stop signal at least this often
-DECREASE_FACTOR = 0.5  # multiplicative cut on a congestion signal
-PLATEAU_FACTOR = 0.1  # growth within one call of the last congestion point
 MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
 _CONGESTION_CODES = frozenset({429, 502, 503, 504})
 _CONGESTION_ERRORS = frozenset({"Timeout", "ConnectionError"})
@@ -118,60 +101,6 @@ def counts_for_breaker(signal: Signal) -> bool | None:
     if signal in (Signal.HEALTHY, Signal.ANSWERED, Signal.THROTTLED):
         return False
     return None
-
-
-@dataclass
-class AdaptiveLimit:
-    """AIMD concurrency limit between ``minimum`` and ``maximum`` (no threads, no clock)."""
-
-    minimum: int
-    maximum: int
-    limit: float = 0.0
-    threshold: float = 0.0  # slow start (+1 per success) below it, +1/limit above
-    epoch: int = 0  # cuts so far; a call remembers the epoch it started in
-    latencies: deque = field(default_factory=lambda: deque(maxlen=BASELINE_WINDOW))
-    ceiling: float = math.inf  # the limit at the last congestion signal
-    cuts: int = 0
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.minimum <= self.maximum:
-            raise ValueError(f"need 1 <= minimum <= maximum, got {self.minimum}..{self.maximum}")
-        self.limit = float(self.minimum)
-        self.threshold = float(self.maximum)
-
-    @property
-    def slots(self) -> int:
-        return max(self.minimum, min(self.maximum, int(self.limit)))
-
-    @property
-    def baseline(self) -> float:
-        """Median of the recent healthy latencies (inf until there are enough of them)."""
-        if len(self.latencies) < BASELINE_MIN_SAMPLES:
-            return math.inf
-        return statistics.median(self.latencies)
-
-    def on_healthy(self, latency: float) -> None:
-        baseline = self.baseline  # judged against the answers before this one
-        self.latencies.append(latency)
-        if latency > LATENCY_TOLERANCE * baseline:
-            return  # latency does not hold: stay where we are
-        step = 1.0 if self.limit < self.threshold else 1.0 / self.limit
-        if self.limit >= self.ceiling - 1:
-            step *= PLATEAU_FACTOR  # close to where the service pushed back last time
-        self.limit = min(float(self.maximum), self.limit + step)
-        if self.limit > self.ceiling:
-            self.ceiling = math.inf  # past it without a complaint: the service has grown
-
-    def on_congestion(self, started_epoch: int) -> bool:
-        """Cut once per window: a call started before the last cut does not cut again."""
-        if started_epoch < self.epoch:
-            return False
-        self.ceiling = self.limit
-        self.limit = max(float(self.minimum), self.limit * DECREASE_FACTOR)
-        self.threshold = self.limit
-        self.epoch += 1
-        self.cuts += 1
-        return True
 
 
 @dataclass
@@ -247,10 +176,11 @@ class Misroute:
 
 @dataclass(frozen=True)
 class Ticket:
-    """One admitted call: the window it started in and when."""
+    """One admitted call: the epoch it started in and when."""
 
     epoch: int
     started: float
+    number: int = 0
 
 
 @dataclass
@@ -258,6 +188,7 @@ class GateStats:
     calls: int = 0
     throttled: int = 0  # 429 and 503 answers
     peak_in_flight: int = 0
+    stalls: int = 0  # calls seen in flight past the limit's stall time
     paused_seconds: float = 0.0
     stopped_by_retry_after: bool = False
 
@@ -297,6 +228,9 @@ class CallGate:
         self._clock = deadline.clock
         self._cond = threading.Condition()
         self._in_flight = 0
+        self._active: dict[int, Ticket] = {}  # calls in flight, by ticket number
+        self._stalled: set[int] = set()  # of them, those already counted as stalls
+        self._numbers = itertools.count(1)
         self._paused_until = 0.0
 
     @property
@@ -351,25 +285,41 @@ class CallGate:
                         return None
                     self._cond.wait(self._deadline.timeout(min(self._paused_until - now, 0.2)))
                     continue
+                self._check_stalls(now)
                 if self._in_flight < self.limit.slots:
                     self._in_flight += 1
                     self.stats.calls += 1
                     self.stats.peak_in_flight = max(self.stats.peak_in_flight, self._in_flight)
-                    return Ticket(self.limit.epoch, now)
+                    self.limit.on_start(self._in_flight)
+                    ticket = Ticket(self.limit.epoch, now, next(self._numbers))
+                    self._active[ticket.number] = ticket
+                    return ticket
                 # woken by a release; the timeout rechecks the stop signal and the deadline
                 self._cond.wait(self._deadline.timeout(WAIT_SLICE_SECONDS))
+
+    def _check_stalls(self, now: float) -> None:
+        """Count each call in flight past the stall time once, as congestion (under the lock)."""
+        stall = self.limit.stall_seconds
+        for number, ticket in self._active.items():
+            if number not in self._stalled and now - ticket.started > stall:
+                self._stalled.add(number)
+                self.stats.stalls += 1
+                self.limit.on_congestion(ticket.epoch, now)
 
     def release(self, ticket: Ticket, row_id: str, outcome: CallOutcome) -> None:
         opened = False
         with self._cond:
             self._in_flight -= 1
             now = self._clock()
+            self._check_stalls(now)  # this call included: a stall is a stall however it ends
+            self._active.pop(ticket.number, None)
+            self._stalled.discard(ticket.number)
             signal = call_signal(outcome)
-            if signal is Signal.HEALTHY:
-                self.limit.on_healthy(now - ticket.started)
+            if signal in (Signal.HEALTHY, Signal.ANSWERED):
+                self.limit.on_answer(ticket.started, now)
             cut = False
             if signal in (Signal.THROTTLED, Signal.OVERLOADED):
-                cut = self.limit.on_congestion(ticket.epoch)
+                cut = self.limit.on_congestion(ticket.epoch, now)
             if outcome.status_code in (429, 503):
                 self.stats.throttled += 1
                 wait = outcome.retry_after_seconds
@@ -388,6 +338,9 @@ class CallGate:
             self.misroute.record(row_id, outcome)
             if outcome.status_code in AUTH_NAMES:
                 self.auth_rejected = True
-            self._cond.notify_all()
+            if self.calls_stopped:
+                self._cond.notify_all()  # every waiting worker returns
+            else:  # wake only as many waiting workers as there are free slots
+                self._cond.notify(max(1, self.limit.slots - self._in_flight))
         if opened:
             self._on_open(self.outage_breaker, outcome)

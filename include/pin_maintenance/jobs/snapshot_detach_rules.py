@@ -188,6 +188,7 @@ class DetachResult:
     retry_after_paused_seconds: float = 0.0
     concurrency_limit: int = 0  # adaptive limit at the end of the run
     concurrency_peak: int = 0  # most calls in flight at once
+    call_stalls: int = 0  # calls seen in flight past the limit's stall time
     pending: int = 0
     oldest_age_seconds: float = 0.0
     duration_ms: int = 0
@@ -222,6 +223,7 @@ class DetachResult:
             "RetryAfterPausedSeconds": round(self.retry_after_paused_seconds, 3),
             "ConcurrencyLimit": self.concurrency_limit,
             "ConcurrencyPeak": self.concurrency_peak,
+            "CallStalls": self.call_stalls,
             "Pending": self.pending,
             "OldestAgeSeconds": round(self.oldest_age_seconds, 3),
             "DurationMs": self.duration_ms,
