@@ -16,14 +16,8 @@ Two questions, each answered with medians of several rounds in the same run:
    the time after which the job stays at or below 4 in flight (no run of 25 calls with more
    refused calls than 20 % of its accepted ones) and the job's calls per second against the
    calls per second the service accepted. Goals: settled within 5 s, calls/accepted <= 1.2.
-3. **Through Airflow**: two services a real one resembles, a latency with a tail
-   (``--latency-sigma 0.6``: lognormal, median 20 ms, p99 about 80 ms) and a plain threaded
-   server with one connection per call (``--close-connections``). The job runs as the user
-   runs it, ``airflow dags test news_snapshot_detach_retry`` with the defaults; its rate is
-   the due rows over the run's own duration (``job_completed duration_ms``: the task process
-   start-up and Airflow's bookkeeping around the task are outside it, and reported apart as
-   the process wall time). Goal: >= 0.8x the capacity at 16 client threads on the same
-   service in the same round.
+3. **Through Airflow**, against services a real one resembles, with what the service's
+   other callers feel while the job drains: ``devtools.bench_detach_airflow``.
 """
 
 from __future__ import annotations
@@ -35,6 +29,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from devtools import bench_detach_airflow
 from devtools.bench_core import Service, start_selections
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,12 +41,6 @@ CALLS_RATIO_GOAL = 1.2
 CAPACITY_GOAL = 0.8
 # (healthy due rows, limited due rows) per plan
 SIZES = {"smoke": (200, 60), "default": (6000, 2000)}
-# due rows of the through-Airflow cases per plan
-AIRFLOW_ROWS = {"smoke": 200, "default": 5000}
-AIRFLOW_SERVICES = (
-    ("latency with a tail (lognormal, median 20 ms, p99 ~80 ms)", ("--latency-sigma", "0.6")),
-    ("threaded server, one connection per call (20 ms)", ("--close-connections",)),
-)
 _DURATION = re.compile(r"event=job_completed .*?duration_ms=(\d+)")
 # the job's run bound is raised so one run handles the whole outbox
 RUN_CONFIG = {"max_run_duration_seconds": 3000, "lock_ttl_seconds": 3600}
@@ -116,12 +105,7 @@ def run_section(bench: Any, out: list[str], *, hammer, md_table, error: type[Exc
     bound = LIMITED_RUN_SECONDS.get(plan, LIMITED_RUN_SECONDS["default"])
     _healthy(bench, out, healthy_rows, hammer=hammer, md_table=md_table, error=error)
     _limited(bench, out, limited_rows, bound, md_table=md_table, error=error)
-    rows = AIRFLOW_ROWS.get(plan, AIRFLOW_ROWS["default"])
-    # the smoke plan (part of make test) runs one of the two: each is an `airflow dags test`
-    services = AIRFLOW_SERVICES[:1] if plan == "smoke" else AIRFLOW_SERVICES
-    _through_airflow(
-        bench, out, rows, services=services, hammer=hammer, md_table=md_table, error=error
-    )
+    bench_detach_airflow.run_section(bench, out, hammer=hammer, md_table=md_table, error=error)
 
 
 def job_duration_seconds(output: str) -> float:
@@ -130,100 +114,6 @@ def job_duration_seconds(output: str) -> float:
     if not found:
         raise ValueError("no job_completed line with duration_ms in the DAG run's output")
     return int(found[-1]) / 1000
-
-
-def _through_airflow(
-    bench: Any,
-    out: list[str],
-    rows: int,
-    *,
-    services=AIRFLOW_SERVICES,
-    hammer,
-    md_table,
-    error,
-) -> None:
-    """Question 3: ``airflow dags test`` with the defaults against two realistic services."""
-    runs = bench.runs
-    dag_id = "news_snapshot_detach_retry"
-    table = []
-    template = bench.outbox_template(rows)
-    for label, extra in services:
-        service = _start_service(bench.workdir / "selections-airflow.log", *extra)
-        capacity, job, walls, ratios, peaks = [], [], [], [], []
-        try:
-            for i in range(runs):
-                ids = [str(uuid.uuid4()) for _ in range(rows)]
-                order = ("capacity", "job") if i % 2 == 0 else ("job", "capacity")
-                for what in order:
-                    if what == "capacity":
-                        seconds, errors = hammer(service.url, ids, CLIENT_THREADS)
-                        if errors:
-                            raise error(f"capacity client saw {errors} failed calls")
-                        capacity.append(rows / seconds)
-                        continue
-                    db = bench.clone(template, "af_capacity")
-                    try:
-                        proc = bench.dags_test(dag_id, db, None, selections_url=service.url)
-                        left = _due_left(db.url)
-                    finally:
-                        bench.drop(db)
-                    if left:
-                        raise error(f"airflow dags test left {left} due rows ({label})")
-                    output = proc.stdout + "\n" + proc.stderr
-                    job.append(rows / job_duration_seconds(output))
-                    walls.append(proc.wall)
-                    peak = re.findall(r"event=job_completed .*?concurrency_peak=(\d+)", output)
-                    peaks.append(float(peak[-1]) if peak else math.nan)
-                ratios.append(job[-1] / capacity[-1])
-        finally:
-            service.stop()
-        ratio = _median(ratios)
-        table.append(
-            [
-                label,
-                f"{rows:,}",
-                _fmt(capacity, 0),
-                _fmt(job, 0),
-                _fmt(ratios, 2, "x"),
-                _fmt(peaks, 0),
-                _fmt(walls, 1, " s"),
-                "met" if ratio >= CAPACITY_GOAL else "**missed**",
-            ]
-        )
-    out.append("")
-    out.append(
-        "Through Airflow: `airflow dags test news_snapshot_detach_retry` with the "
-        "DAG's defaults (`batch_size` 100, adaptive concurrency up to 32) on a fresh clone of "
-        "the outbox, against a service a real one resembles. *job rows/s* = due rows over the "
-        "run's own `duration_ms` (its `job_completed` line); *process wall* is the whole "
-        "`airflow dags test` process (start-up, parse, task runner, bookkeeping). Capacity: "
-        f"the bench's keep-alive client with {CLIENT_THREADS} threads on the same service in "
-        "the same round (it reconnects when the service closes the connection). The machine "
-        "may be shared: the ratio compares two rates measured in the same round, so it holds "
-        f"while the absolute rates move. {runs} round(s), `median (min .. max)`."
-    )
-    out.append("")
-    out.append(
-        md_table(
-            [
-                "service",
-                "due rows",
-                f"capacity, {CLIENT_THREADS} threads (rows/s)",
-                "job rows/s (through Airflow)",
-                "job/capacity",
-                "job peak in flight",
-                "process wall",
-                f"goal >= {CAPACITY_GOAL}x",
-            ],
-            table,
-        )
-    )
-
-
-def _due_left(url: str) -> int:
-    from devtools import bench_data
-
-    return int(bench_data.outbox_state(url)["due"])
 
 
 def _healthy(bench: Any, out: list[str], healthy_rows: int, *, hammer, md_table, error) -> None:

@@ -68,6 +68,8 @@ BEHAVIOURS = (
 )
 _PATH = re.compile(r"^/internal/snapshots/(?P<id>[^/]+)/detach/?$")
 DEFAULT_LOGIN = "pin-maintenance"
+# calls whose Idempotency-Key starts with this are another caller's (the benchmark's neighbour)
+NEIGHBOUR_KEY_PREFIX = "neighbour-"
 DEFAULT_PASSWORD = "local-dev-secret"
 
 
@@ -107,6 +109,7 @@ class SelectionsService:
         latency_fn: Callable[[int], float] | None = None,
         latency_sigma: float = 0.0,
         close_connections: bool = False,
+        stdlib_defaults: bool = False,
     ) -> None:
         if overload_status not in (429, 503):
             raise ValueError(f"overload_status must be 429 or 503, got {overload_status}")
@@ -121,6 +124,9 @@ class SelectionsService:
         self.latency_sigma = latency_sigma
         # one connection per call: every answer carries "Connection: close"
         self.close_connections = close_connections
+        # the standard library's own server as an operator would write it: HTTP/1.0 (one
+        # connection per call), a listen backlog of 5, Nagle on
+        self.stdlib_defaults = stdlib_defaults
         self._served = 0
         self.failure_rate = failure_rate
         self.slow_seconds = slow_seconds
@@ -159,7 +165,10 @@ class SelectionsService:
         if self._server is not None:
             return self
         self._stopping.clear()
-        server = _Server((self.host, self.port), _Handler)
+        if self.stdlib_defaults:
+            server = _PlainServer((self.host, self.port), _PlainHandler)
+        else:
+            server = _Server((self.host, self.port), _Handler)
         server.service = self
         self._server = server
         self._thread = threading.Thread(
@@ -478,13 +487,30 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/stats":  # for the benchmark: admission counts and a call timeline
             service = self.server.service
             with service._lock:
-                timeline = [[c.at, c.in_flight, c.behaviour == "overloaded"] for c in service.calls]
+                timeline = [
+                    [
+                        c.at,
+                        c.in_flight,
+                        c.behaviour == "overloaded",
+                        (c.idempotency_key or "").startswith(NEIGHBOUR_KEY_PREFIX),
+                    ]
+                    for c in service.calls
+                ]
             self.send_json(200, {**service.admission(), "calls": timeline}, {})
         elif self.path == "/reset":
             self.server.service.reset_calls()
             self.send_json(200, {"status": "reset"}, {})
         else:
             self.send_json(404, {"error": "no such endpoint"}, {})
+
+
+class _PlainServer(_Server):
+    request_queue_size = 5  # socketserver's default listen backlog
+
+
+class _PlainHandler(_Handler):
+    protocol_version = "HTTP/1.0"  # BaseHTTPRequestHandler's default: close after each answer
+    disable_nagle_algorithm = False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -516,6 +542,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="one connection per call (every answer says Connection: close)",
     )
+    parser.add_argument(
+        "--stdlib-defaults",
+        action="store_true",
+        help="the standard library's defaults: HTTP/1.0, listen backlog 5, Nagle on",
+    )
     parser.add_argument("--slow-seconds", type=float, default=30.0)
     parser.add_argument("--retry-after-seconds", type=int, default=120)
     parser.add_argument(
@@ -543,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         latency_sigma=args.latency_sigma,
         close_connections=args.close_connections,
+        stdlib_defaults=args.stdlib_defaults,
     )
     for item in args.script:
         snapshot_id, _, behaviours = item.partition("=")
