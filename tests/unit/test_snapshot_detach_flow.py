@@ -106,13 +106,35 @@ def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
     gate.limit.limit = 8.0
     gate.limit.base = 0.02  # stall time: 10 x 20 ms
     stuck = gate.acquire()  # a dropped connection attempt: no answer for a second
-    now[0] = 0.25
+    now[0] = 0.6
     ticket = gate.acquire()  # the gate looks at the calls in flight whenever it admits one
     assert gate.stats.stalls == 1 and gate.limit.slots == 4
-    gate.release(ticket, "fast", CallOutcome(200))
+    assert not gate.release(ticket, "fast", CallOutcome(200))
     now[0] = 1.02
-    gate.release(stuck, "slow", CallOutcome(200))  # counted once, not again when it ends
+    assert not gate.release(stuck, "slow", CallOutcome(200))  # counted once, not again
     assert gate.stats.stalls == 1 and gate.limit.cuts == 1
+
+
+def test_a_stalled_call_lost_while_the_service_answered_others_may_be_made_again():
+    now = [0.0]
+    gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
+    gate.limit.limit = 8.0
+    gate.limit.base = 0.02
+    lost = gate.acquire()
+    now[0] = 0.1
+    later = gate.acquire()
+    now[0] = 0.12
+    assert not gate.release(later, "ok", CallOutcome(200))  # started after it, answered
+    now[0] = 5.0
+    assert gate.release(lost, "lost", CallOutcome(error_class="Timeout"))
+    assert gate.stats.retried == 1
+    # a service that answers nobody (an outage) gets no second call
+    down = gate.acquire()
+    now[0] = 10.0
+    assert not gate.release(down, "down", CallOutcome(error_class="ConnectionError"))
+    # nor does a call that failed fast (refused), stalled or not
+    quick = gate.acquire()
+    assert not gate.release(quick, "refused", CallOutcome(error_class="ConnectionError"))
 
 
 def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():

@@ -176,7 +176,7 @@ def test_a_burst_of_refusals_cuts_once_and_the_limit_recovers():
             limit.on_answer(t, t + 0.02)
             t += 0.02 / limit.slots
 
-    healthy_windows(6)  # slow start: 1, 2, 4, ... 32
+    healthy_windows(20)  # slow start 1, 2, 4, 8, 16, then +1 per window
     assert limit.slots == 32
     epoch = limit.epoch
     cuts = [limit.on_congestion(epoch, t) for _ in range(20)]  # 20 x 503 from one window

@@ -9,10 +9,11 @@ One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-sna
    ``pin_maintenance.backoff``), ``updated_at = now`` (the claim token).
 2. **Detach**: ``POST /internal/snapshots/{snapshot_id}/detach`` per row, outside any
    transaction, the outbox id as ``Idempotency-Key``. How many calls are in flight adapts
-   between ``detach_concurrency_min`` and ``detach_concurrency`` (AIMD: grow while answers are
-   healthy and fast, halve on 429/502/503/504/timeouts/connection errors, pause for a
-   ``Retry-After``); ``breaker_failure_threshold`` consecutive failed calls open the outage
-   circuit breaker, a 401/403 or a misrouting stops calling too (``snapshot_detach_flow``).
+   between ``detach_concurrency_min`` and ``detach_concurrency`` (``snapshot_detach_limit``:
+   follow the service's knee by the mean latency of each window of answers, halve on
+   429/502/503/504/timeouts/connection errors/stalled calls, pause for a ``Retry-After``);
+   ``breaker_failure_threshold`` consecutive failed calls open the outage circuit breaker,
+   a 401/403 or a misrouting stops calling too (``snapshot_detach_flow``).
 3. **Outcome** (one short transaction per batch, guarded per row by the claim token): what
    each answer writes is the table in ``snapshot_detach_rules``; ``snapshot_detach_outcomes``
    writes it and counts, logs and alerts it.
@@ -427,6 +428,7 @@ class _Run:
             concurrency_limit=r.concurrency_limit,
             concurrency_peak=r.concurrency_peak,
             call_stalls=r.call_stalls,
+            call_retries=r.call_retries,
             stop_reason=r.stop_reason or ("dry_run" if r.dry_run else "lock_busy"),
             pending=r.pending,
             duration_ms=r.duration_ms,

@@ -141,9 +141,20 @@ class DetachCalls:
         """
         with self._count_lock:
             self._taken += 1
-        ticket = self.gate.acquire()  # waits for a slot (adaptive limit, Retry-After pause)
-        if ticket is None:  # calls stopped, the run stopped, or the deadline reached
-            return None
+        outcome = None
+        for attempt in range(2):
+            ticket = self.gate.acquire()  # waits for a slot (adaptive limit, Retry-After pause)
+            if ticket is None:  # calls stopped, the run stopped, or the deadline reached
+                return outcome
+            outcome = self._traced_call(row, parent)
+            if not self.gate.release(ticket, row.id, outcome) or attempt:
+                return outcome
+            # the connection stalled and failed while the service answered others: the job's
+            # own overload (a dropped connection attempt), not the row's; call once more
+            self.log.info("entry_call_retried", outbox_id=row.id, error=outcome.error_class)
+        return outcome
+
+    def _traced_call(self, row: ClaimedRow, parent: Context | None) -> CallOutcome:
         attributes = {
             "http.request.method": "POST",
             "url.template": DETACH_PATH,
@@ -162,7 +173,6 @@ class DetachCalls:
                     span.set_attribute("http.response.status_code", outcome.status_code)
                 if decision.verdict is not Verdict.DONE:
                     record_error(span, str(outcome.status_code or outcome.error_class))
-        self.gate.release(ticket, row.id, outcome)
         return outcome
 
     def _detach(self, row: ClaimedRow) -> CallOutcome:
@@ -207,6 +217,7 @@ class DetachCalls:
         r.concurrency_limit = gate.limit.slots
         r.concurrency_peak = gate.stats.peak_in_flight
         r.call_stalls = gate.stats.stalls
+        r.call_retries = gate.stats.retried
         r.misrouted = gate.is_misrouted
         r.breaker_open = gate.is_open
         if gate.is_open:

@@ -4,7 +4,7 @@ These rules sit between the job's worker threads and the selections service:
 
 - **Adaptive concurrency** (:class:`~include.pin_maintenance.jobs.snapshot_detach_limit.
   AdaptiveLimit`): the calls in flight follow the service's knee, found from the mean latency
-  of each window of answers against the lowest recent one (Little's law), halved on a
+  of each window of answers against the run's lowest (Little's law), halved on a
   congestion signal (429, 502, 503, 504, a timeout, a connection error, a call stalled in
   flight), between ``detach_concurrency_min`` and ``detach_concurrency``.
 - **Retry-After**: a 429 or 503 that carries ``Retry-After`` pauses every new call for that
@@ -25,16 +25,20 @@ These rules sit between the job's worker threads and the selections service:
   (transport error, timeout, any 5xx) open it; any other answer (2xx, 4xx, 429) resets the
   count, so scattered 503s among successes never open it. A failure of a call that started
   before the limit's last cut is part of the congestion event that cut already answered (the
-  burst of refusals after an overshoot) and does not count towards the threshold (with the
-  median baseline the limit grows fast enough to overshoot a fixed capacity by more than the
-  threshold); if the breaker does open, those rows are given back with the streak's. Once open,
-  no call starts for the rest of the run. The calls whose failures opened it, and those already
-  in flight that fail after it, are the outage's evidence, not the rows' fault: the job gives
-  their attempt back (see ``snapshot_detach``). Nothing is remembered between runs (no job state
-  outside the outbox): every run starts half-open, with ``detach_concurrency_min`` calls in
-  flight, so a run during an outage makes at most ``breaker_failure_threshold +
-  detach_concurrency_min - 1`` calls before it stops, and the first run after recovery drains
-  the backlog.
+  burst of refusals after an overshoot) and does not count towards the threshold (slow start can
+  overshoot a fixed capacity by more than the threshold); if the breaker does open, those rows
+  are given back with the streak's. Once open, no call starts for the rest of the run. The calls
+  whose failures opened it, and those already in flight that fail after it, are the outage's
+  evidence, not the rows' fault: the job gives their attempt back (see ``snapshot_detach``).
+  Nothing is remembered between runs (no job state outside the outbox): every run starts
+  half-open, with ``detach_concurrency_min`` calls in flight, so a run during an outage makes at
+  most ``breaker_failure_threshold + detach_concurrency_min - 1`` calls before it stops, and the
+  first run after recovery drains the backlog.
+- **A call lost to the job's own overload** (it stalled in flight, then timed out or lost its
+  connection, while the service answered calls started after it) is made once more in the run
+  (:meth:`CallGate.release` says so): a dropped connection attempt is not the row's fault, and
+  the row must not wait out a backoff for it. An outage answers nobody, so it gets no second
+  call.
 - **Credentials refused**: a 401 or 403 stops calling for the rest of the run at once (every
   later call would be refused the same way); the job gives those rows their attempt back.
 
@@ -189,6 +193,7 @@ class GateStats:
     throttled: int = 0  # 429 and 503 answers
     peak_in_flight: int = 0
     stalls: int = 0  # calls seen in flight past the limit's stall time
+    retried: int = 0  # of them, calls lost to the job's own overload and made once more
     paused_seconds: float = 0.0
     stopped_by_retry_after: bool = False
 
@@ -231,6 +236,7 @@ class CallGate:
         self._active: dict[int, Ticket] = {}  # calls in flight, by ticket number
         self._stalled: set[int] = set()  # of them, those already counted as stalls
         self._numbers = itertools.count(1)
+        self._answered_started = float("-inf")  # the latest start of a call that was answered
         self._paused_until = 0.0
 
     @property
@@ -306,17 +312,22 @@ class CallGate:
                 self.stats.stalls += 1
                 self.limit.on_congestion(ticket.epoch, now)
 
-    def release(self, ticket: Ticket, row_id: str, outcome: CallOutcome) -> None:
+    def release(self, ticket: Ticket, row_id: str, outcome: CallOutcome) -> bool:
+        """Report a call's outcome; True when the call may be made once more: it stalled and
+        failed (timeout, connection error) while the service answered calls started after it,
+        so the job's own overload, not the service, lost it."""
         opened = False
         with self._cond:
             self._in_flight -= 1
             now = self._clock()
             self._check_stalls(now)  # this call included: a stall is a stall however it ends
             self._active.pop(ticket.number, None)
+            stalled = ticket.number in self._stalled
             self._stalled.discard(ticket.number)
             signal = call_signal(outcome)
             if signal in (Signal.HEALTHY, Signal.ANSWERED):
                 self.limit.on_answer(ticket.started, now)
+                self._answered_started = max(self._answered_started, ticket.started)
             cut = False
             if signal in (Signal.THROTTLED, Signal.OVERLOADED):
                 cut = self.limit.on_congestion(ticket.epoch, now)
@@ -342,5 +353,14 @@ class CallGate:
                 self._cond.notify_all()  # every waiting worker returns
             else:  # wake only as many waiting workers as there are free slots
                 self._cond.notify(max(1, self.limit.slots - self._in_flight))
+            retry = (
+                stalled
+                and outcome.error_class in _CONGESTION_ERRORS
+                and self._answered_started > ticket.started
+                and not self.calls_stopped
+            )
+            if retry:
+                self.stats.retried += 1
         if opened:
             self._on_open(self.outage_breaker, outcome)
+        return retry

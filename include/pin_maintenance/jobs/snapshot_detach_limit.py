@@ -46,7 +46,8 @@ CUT_ABOVE = 1.6  # at or above this times the base: calls queue, back to the kne
 DECREASE_FACTOR = 0.5  # cut on a congestion signal
 NOISE_Z = 2.0  # a window mean is judged by its confidence bounds, this many standard errors
 STALL_FACTOR = 10.0  # a call in flight this many times the base is stalled
-STALL_MIN_SECONDS = 0.1  # a stall is never shorter than this (scheduler noise, GC pauses)
+STALL_MIN_SECONDS = 0.5  # never shorter: a garbage collection of a big interpreter pauses
+# every thread for a few hundred ms; a dropped connection attempt takes 1 s
 
 
 @dataclass
@@ -143,5 +144,7 @@ class AdaptiveLimit:
         elif ratio >= GROW_BELOW:
             pass  # a little queueing: hold
         elif used:
+            if self.slow_start and 2 * self.limit > self.maximum / 2:
+                self.slow_start = False  # the upper half is probed one by one
             grown = 2 * self.limit if self.slow_start else self.limit + 1
             self.limit = min(float(self.maximum), grown)

@@ -189,6 +189,7 @@ class DetachResult:
     concurrency_limit: int = 0  # adaptive limit at the end of the run
     concurrency_peak: int = 0  # most calls in flight at once
     call_stalls: int = 0  # calls seen in flight past the limit's stall time
+    call_retries: int = 0  # stalled calls lost to the job's own overload and made once more
     pending: int = 0
     oldest_age_seconds: float = 0.0
     duration_ms: int = 0
@@ -224,6 +225,7 @@ class DetachResult:
             "ConcurrencyLimit": self.concurrency_limit,
             "ConcurrencyPeak": self.concurrency_peak,
             "CallStalls": self.call_stalls,
+            "CallRetries": self.call_retries,
             "Pending": self.pending,
             "OldestAgeSeconds": round(self.oldest_age_seconds, 3),
             "DurationMs": self.duration_ms,
