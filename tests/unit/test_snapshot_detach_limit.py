@@ -216,7 +216,8 @@ def test_a_window_judges_only_calls_started_in_it():
     [
         (1.0, 9.0),  # nothing queues: +1
         (GROW_BELOW + 0.05, 8.0),  # queueing begins: hold
-        (2.0, 8 / 2.0 + 1),  # calls queue: back to the knee, limit x base / mean + 1
+        (CUT_ABOVE + 0.5, 0.8 * 8),  # calls queue: back towards the knee, a fifth at most
+        (8.0, 0.8 * 8),
     ],
 )
 def test_window_rule(ratio, expected):

@@ -61,6 +61,7 @@ from include.pin_maintenance.jobs.snapshot_detach_rules import AUTH_NAMES
 from include.pin_maintenance.parallel import Deadline
 
 WAIT_SLICE_SECONDS = 0.2  # a waiting worker rechecks the stop signal at least this often
+STALL_SCAN_SECONDS = 0.05  # calls in flight are looked at no more often (a stall is >= 0.5 s)
 MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
 _CONGESTION_CODES = frozenset({429, 502, 503, 504})
 _CONGESTION_ERRORS = frozenset({"Timeout", "ConnectionError"})
@@ -237,6 +238,7 @@ class CallGate:
         self._stalled: set[int] = set()  # of them, those already counted as stalls
         self._numbers = itertools.count(1)
         self._answered_started = float("-inf")  # the latest start of a call that was answered
+        self._next_stall_scan = float("-inf")
         self._paused_until = 0.0
 
     @property
@@ -305,6 +307,9 @@ class CallGate:
 
     def _check_stalls(self, now: float) -> None:
         """Count each call in flight past the stall time once, as congestion (under the lock)."""
+        if now < self._next_stall_scan:
+            return
+        self._next_stall_scan = now + STALL_SCAN_SECONDS
         stall = self.limit.stall_seconds
         for number, ticket in self._active.items():
             if number not in self._stalled and now - ticket.started > stall:
@@ -320,9 +325,15 @@ class CallGate:
         with self._cond:
             self._in_flight -= 1
             now = self._clock()
-            self._check_stalls(now)  # this call included: a stall is a stall however it ends
+            self._check_stalls(now)
             self._active.pop(ticket.number, None)
-            stalled = ticket.number in self._stalled
+            # this call: a stall is a stall however it ends
+            stalled = ticket.number in self._stalled or now - ticket.started > (
+                self.limit.stall_seconds
+            )
+            if stalled and ticket.number not in self._stalled:
+                self.stats.stalls += 1
+                self.limit.on_congestion(ticket.epoch, now)
             self._stalled.discard(ticket.number)
             signal = call_signal(outcome)
             if signal in (Signal.HEALTHY, Signal.ANSWERED):

@@ -41,8 +41,9 @@ from dataclasses import dataclass
 WINDOW_MIN_CALLS = 16  # fewer answers say too little about a mean latency
 WINDOW_ROUNDS = 4  # a window holds about this many rounds of the limit
 CEILING_SECONDS = 10.0  # after a congestion cut the limit stays below it this long
-GROW_BELOW = 1.3  # window mean below this times the base: nothing much queues, grow
-CUT_ABOVE = 1.6  # at or above this times the base: calls queue, back to the knee
+GROW_BELOW = 2.0  # window mean below this times the base: nothing much queues, grow
+CUT_ABOVE = 2.5  # at or above this times the base: calls queue, back to the knee
+KNEE_STEP = 0.8  # a window of queueing lowers the limit by at most a fifth
 DECREASE_FACTOR = 0.5  # cut on a congestion signal
 NOISE_Z = 2.0  # a window mean is judged by its confidence bounds, this many standard errors
 STALL_FACTOR = 10.0  # a call in flight this many times the base is stalled
@@ -137,14 +138,19 @@ class AdaptiveLimit:
         """Judge one window: its mean latency (± ``error``) against the base."""
         ratio = (mean - error) / base if base > 0 else 1.0
         if ratio >= CUT_ABOVE or (self.slow_start and ratio >= GROW_BELOW):
-            knee = self.limit * base / mean + 1
+            # at most KNEE_STEP down per window: part of the rise may be the job's own
+            # queueing (its threads share one interpreter), which costs the service nothing
+            knee = max(self.limit * base / mean + 1, KNEE_STEP * self.limit)
             self.limit = max(float(self.minimum), min(self.limit, knee))
             self.slow_start = False
             self.knee_cuts += 1
         elif ratio >= GROW_BELOW:
             pass  # a little queueing: hold
         elif used:
-            if self.slow_start and 2 * self.limit > self.maximum / 2:
-                self.slow_start = False  # the upper half is probed one by one
-            grown = 2 * self.limit if self.slow_start else self.limit + 1
+            if not self.slow_start:
+                grown = self.limit + 1
+            elif self.limit < self.maximum / 2:
+                grown = 2 * self.limit
+            else:  # the upper half a quarter at a time: less to overshoot a cliff by
+                grown = 1.25 * self.limit
             self.limit = min(float(self.maximum), grown)
