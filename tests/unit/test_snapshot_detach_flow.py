@@ -100,12 +100,22 @@ def test_gate_admits_up_to_the_limit_and_grows():
     assert gate.limit.slots == 2
 
 
+def _traffic(gate, now, until, step=0.1):
+    """Other calls passing the gate every ``step`` seconds until ``until`` (20 ms each)."""
+    while now[0] + step < until:
+        now[0] += step
+        ticket = gate.acquire()
+        now[0] += 0.02
+        gate.release(ticket, "other", CallOutcome(200))
+
+
 def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
     now = [0.0]
     gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
     gate.limit.limit = 8.0
-    gate.limit.base = 0.02  # stall time: 10 x 20 ms
+    gate.limit.base = 0.02  # stall time: at least 0.5 s
     stuck = gate.acquire()  # a dropped connection attempt: no answer for a second
+    _traffic(gate, now, 0.55)  # while the others get through
     now[0] = 0.6
     ticket = gate.acquire()  # the gate looks at the calls in flight whenever it admits one
     assert gate.stats.stalls == 1 and gate.limit.slots == 4
@@ -115,16 +125,34 @@ def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
     assert gate.stats.stalls == 1 and gate.limit.cuts == 1
 
 
+def test_a_pause_of_the_whole_process_is_not_a_stall():
+    # a garbage collection stops every thread: no worker passes the gate for 0.6 s, then the
+    # calls in flight all come back late; that is the job's pause, not the service's knee
+    now = [0.0]
+    gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
+    gate.limit.limit = 8.0
+    gate.limit.base = 0.02
+    tickets = [gate.acquire() for _ in range(4)]
+    now[0] = 0.65
+    for i, ticket in enumerate(tickets):
+        assert not gate.release(ticket, f"r{i}", CallOutcome(200))
+    assert gate.stats.stalls == 0 and gate.limit.slots == 8
+    # while workers keep passing the gate, a call left behind is a stall
+    stuck = gate.acquire()
+    for step in range(1, 7):
+        now[0] = 0.65 + 0.1 * step
+        gate.release(gate.acquire(), f"f{step}", CallOutcome(200))
+    assert gate.stats.stalls == 1
+    gate.release(stuck, "stuck", CallOutcome(200))
+
+
 def test_a_stalled_call_lost_while_the_service_answered_others_may_be_made_again():
     now = [0.0]
     gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
     gate.limit.limit = 8.0
     gate.limit.base = 0.02
     lost = gate.acquire()
-    now[0] = 0.1
-    later = gate.acquire()
-    now[0] = 0.12
-    assert not gate.release(later, "ok", CallOutcome(200))  # started after it, answered
+    _traffic(gate, now, 5.0)  # calls started after it are answered
     now[0] = 5.0
     assert gate.release(lost, "lost", CallOutcome(error_class="Timeout"))
     assert gate.stats.retried == 1

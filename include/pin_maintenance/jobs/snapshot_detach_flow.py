@@ -62,6 +62,9 @@ from include.pin_maintenance.parallel import Deadline
 
 WAIT_SLICE_SECONDS = 0.2  # a waiting worker rechecks the stop signal at least this often
 STALL_SCAN_SECONDS = 0.05  # calls in flight are looked at no more often (a stall is >= 0.5 s)
+# a spell this long in which no worker passed the gate (not even a waiting one, which wakes
+# every WAIT_SLICE_SECONDS) is the job's process pausing (a garbage collection), not the service
+QUIET_SECONDS = 0.3
 MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
 _CONGESTION_CODES = frozenset({429, 502, 503, 504})
 _CONGESTION_ERRORS = frozenset({"Timeout", "ConnectionError"})
@@ -239,6 +242,8 @@ class CallGate:
         self._numbers = itertools.count(1)
         self._answered_started = float("-inf")  # the latest start of a call that was answered
         self._next_stall_scan = float("-inf")
+        self._last_event = float("-inf")  # when a worker last passed the gate
+        self._quiet_until = float("-inf")  # calls started before it lived through a pause
         self._paused_until = 0.0
 
     @property
@@ -305,14 +310,25 @@ class CallGate:
                 # woken by a release; the timeout rechecks the stop signal and the deadline
                 self._cond.wait(self._deadline.timeout(WAIT_SLICE_SECONDS))
 
+    def _note_event(self, now: float) -> None:
+        """A worker passed the gate; a quiet spell before it exempts the calls it held."""
+        if now - self._last_event > QUIET_SECONDS:
+            self._quiet_until = now
+        self._last_event = now
+
+    def _stalled_now(self, ticket: Ticket, now: float) -> bool:
+        return ticket.started >= self._quiet_until and now - ticket.started > (
+            self.limit.stall_seconds
+        )
+
     def _check_stalls(self, now: float) -> None:
         """Count each call in flight past the stall time once, as congestion (under the lock)."""
+        self._note_event(now)
         if now < self._next_stall_scan:
             return
         self._next_stall_scan = now + STALL_SCAN_SECONDS
-        stall = self.limit.stall_seconds
         for number, ticket in self._active.items():
-            if number not in self._stalled and now - ticket.started > stall:
+            if number not in self._stalled and self._stalled_now(ticket, now):
                 self._stalled.add(number)
                 self.stats.stalls += 1
                 self.limit.on_congestion(ticket.epoch, now)
@@ -328,9 +344,7 @@ class CallGate:
             self._check_stalls(now)
             self._active.pop(ticket.number, None)
             # this call: a stall is a stall however it ends
-            stalled = ticket.number in self._stalled or now - ticket.started > (
-                self.limit.stall_seconds
-            )
+            stalled = ticket.number in self._stalled or self._stalled_now(ticket, now)
             if stalled and ticket.number not in self._stalled:
                 self.stats.stalls += 1
                 self.limit.on_congestion(ticket.epoch, now)
