@@ -191,17 +191,22 @@ def seed(url: str, selections: SelectionsService) -> None:
     """Demo rows for every job; the selections service is scripted per outbox snapshot."""
     with psycopg.connect(url) as conn:
         seed_calendar_and_activity(conn)
-        generate_outbox(conn, 40)  # selections answers 2xx: Done
+        # Rows are claimed in the order they are made. Each failing row sits between
+        # successes (five failures in a row would read as an outage and open the breaker), and
+        # the 429s come last, together: a Retry-After past 30 s stops calling for the run.
+        generate_outbox(conn, 20)  # selections answers 2xx: Done (40 in all)
         for snapshot_id in generate_outbox(conn, 5):
             selections.mark_detached(snapshot_id)  # already detached: 2xx again, Done
-        for snapshot_id in generate_outbox(conn, 5):
-            selections.script(snapshot_id, "error_503")  # transient: Pending with backoff
+        failing = [("error_503", {})] * 5  # transient: Pending with backoff
+        failing += [("not_found", {})] * 3  # unknown snapshot: Quarantined
+        # the 12th failure: Quarantined
+        failing += [("error_503", {"attempts": 11, "last_error": "HttpError 503"})] * 2
+        for behaviour, kwargs in failing:
+            for snapshot_id in generate_outbox(conn, 1, **kwargs):
+                selections.script(snapshot_id, behaviour)
+            generate_outbox(conn, 2)
         for snapshot_id in generate_outbox(conn, 2):
             selections.script(snapshot_id, "rate_limited")  # 429 + Retry-After: Pending
-        for snapshot_id in generate_outbox(conn, 3):
-            selections.script(snapshot_id, "not_found")  # unknown snapshot: Quarantined
-        for snapshot_id in generate_outbox(conn, 2, attempts=11, last_error="HttpError 503"):
-            selections.script(snapshot_id, "error_503")  # 12th failure: Quarantined
         generate_outbox(conn, 10, due_in=timedelta(hours=1))  # not due yet: untouched
 
 
