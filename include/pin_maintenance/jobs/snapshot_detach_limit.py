@@ -13,21 +13,24 @@ Gradient limits of Netflix's concurrency-limits:
   other 4xx: the service did the work), about four rounds of the limit. Its mean latency
   ``W`` counts a tail that a median cannot see: one call in a hundred held a second in a
   full accept queue lifts the mean by half.
-- **Base.** ``W0`` is the lowest window mean of the last :data:`BASE_SECONDS`: the latency
-  with nothing queued (Vegas's base RTT, BBR's windowed min-RTT; a window mean, so one fast
-  answer cannot set it, and it follows a service that slows for everyone within seconds).
-- **Growth.** ``W < GROW_BELOW x W0``: nothing queues, and the limit grows if the window used
-  it (a run with less work to do does not raise a limit it never reached): doubling per
-  window until the first sign of queueing (slow start), then ``+1`` per window.
-- **Back to the knee.** ``W >= CUT_ABOVE x W0``: the calls queue. The limit comes back to the
-  knee it has just measured, the calls the service turns around at its base latency,
-  ``limit x W0 / W + 1``. In between: hold.
+- **Base.** ``W0`` is the run's lowest window mean: the latency with nothing queued (Vegas's
+  base RTT). Each mean is taken with its noise (``NOISE_Z`` standard errors): the base is the
+  lowest upper bound and a window is judged by its lower bound, so a latency tail neither sets
+  a base too low nor crosses a bar by chance. It is kept for the run (a base that expired
+  would drift up with the job's own queueing); the next run measures afresh.
+- **Growth.** ``W < GROW_BELOW x W0``: nothing much queues, and the limit grows if the window
+  used it (a run with less work does not raise a limit it never reached): doubling per window
+  up to half the maximum, then a quarter per window (slow start), then ``+1`` per window.
+- **Back to the knee.** ``W >= CUT_ABOVE x W0`` (or ``GROW_BELOW`` in slow start): the calls
+  queue. The limit comes back towards the knee it has just measured, the calls the service
+  turns around at its base latency, ``limit x W0 / W + 1``, at most ``KNEE_STEP`` lower per
+  window (part of the rise may be the job's own queueing). In between: hold.
 - **Congestion** (429, 502/503/504, a timeout, a connection error, a **stall**) halves the
-  limit, at most once per epoch (calls started before the cut do not cut again), never below
-  the minimum. A stall is a call in flight longer than ``STALL_FACTOR x W0`` (at least
-  :data:`STALL_MIN_SECONDS`): a dropped connection attempt, which TCP retries only after a
-  second, or a caller parked behind a full pool. It counts once, when the gate first sees it,
-  not when it ends.
+  limit, at most once per epoch (calls started before the cut do not cut again), never below the
+  minimum, and for ``CEILING_SECONDS`` the limit stays below where it was cut. A stall is a call
+  in flight longer than ``STALL_FACTOR x W0`` (at least :data:`STALL_MIN_SECONDS`): a dropped
+  connection attempt, which TCP retries only after a second, or a caller parked behind a full
+  pool. It counts once, when the gate first sees it, not when it ends.
 
 Plain object without threads or clocks: the gate passes the times; table-tested in
 ``tests/unit/test_snapshot_detach_limit.py``.
