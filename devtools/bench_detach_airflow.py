@@ -62,6 +62,7 @@ ROWS = {"smoke": 200, "default": 5000}
 TWO_RUNS = {"smoke": 1, "default": 10}  # tries of two runs started together on 80 rows
 TWO_RUNS_ROWS = 80
 TWO_RUNS_VARIABLES = {DAG_ID: {"batch_size": 10}}
+_DURATION = re.compile(r"event=job_completed .*?duration_ms=(\d+)")
 _LEFT_PENDING = """
 select coalesce(split_part(last_error, ' ', 1), 'none'), count(*)
 from news.snapshot_detach_outbox
@@ -147,16 +148,17 @@ def _db_now(url: str) -> Any:
         return conn.execute("select now()").fetchone()[0]
 
 
-def _median(values: list[float]) -> float:
+def median(values: list[float]) -> float:
     values = [v for v in values if not math.isnan(v)]
     return statistics.median(values) if values else math.nan
 
 
-def _fmt(values: list[float], digits: int = 2, unit: str = "") -> str:
+def fmt(values: list[float], digits: int = 2, unit: str = "") -> str:
+    """``median (min .. max)`` of the values that are numbers, for a bench table cell."""
     values = [v for v in values if not math.isnan(v)]
     if not values:
         return "n/a"
-    med = f"{statistics.median(values):.{digits}f}{unit}"
+    med = f"{median(values):.{digits}f}{unit}"
     if len(values) == 1:
         return med
     return f"{med} ({min(values):.{digits}f} .. {max(values):.{digits}f})"
@@ -207,23 +209,23 @@ def run_section(bench: Any, out: list[str], *, hammer, md_table, error) -> None:
         finally:
             service.stop()
         met = (
-            _median(r.ratios) >= CAPACITY_GOAL
-            and _median(r.neighbour_ratios) <= NEIGHBOUR_GOAL
+            median(r.ratios) >= CAPACITY_GOAL
+            and median(r.neighbour_ratios) <= NEIGHBOUR_GOAL
             and r.lost == 0
         )
         table.append(
             [
                 label,
-                _fmt(r.capacity, 0),
-                _fmt(r.by_duration, 0),
-                _fmt(r.by_wall, 0),
-                _fmt(r.ratios, 2, "x"),
-                _fmt(r.peaks, 0),
-                _fmt(r.stalls, 0),
+                fmt(r.capacity, 0),
+                fmt(r.by_duration, 0),
+                fmt(r.by_wall, 0),
+                fmt(r.ratios, 2, "x"),
+                fmt(r.peaks, 0),
+                fmt(r.stalls, 0),
                 str(r.lost),
-                _fmt([v * 1000 for v in r.alone_p99], 1, " ms"),
-                _fmt([v * 1000 for v in r.during_p99], 1, " ms"),
-                _fmt(r.neighbour_ratios, 2, "x"),
+                fmt([v * 1000 for v in r.alone_p99], 1, " ms"),
+                fmt([v * 1000 for v in r.during_p99], 1, " ms"),
+                fmt(r.neighbour_ratios, 2, "x"),
                 "met" if met else "**missed**",
             ]
         )
@@ -272,8 +274,6 @@ def _capacity(hammer, url: str, ids: list[str], r: _Round, error) -> None:
 
 
 def _job_round(bench, service, r: _Round, *, template, rows, empty_wall, alone, error) -> None:
-    from devtools.bench_detach_capacity import job_duration_seconds
-
     with Neighbour(service.url) as before:
         time.sleep(alone)
     service.reset()
@@ -301,6 +301,14 @@ def _job_round(bench, service, r: _Round, *, template, rows, empty_wall, alone, 
     r.alone_p99.append(alone_p99)
     r.during_p99.append(during_p99)
     r.neighbour_ratios.append(during_p99 / alone_p99)
+
+
+def job_duration_seconds(output: str) -> float:
+    """The run's own duration from its ``job_completed`` line (the last one in ``output``)."""
+    found = _DURATION.findall(output)
+    if not found:
+        raise ValueError("no job_completed line with duration_ms in the DAG run's output")
+    return int(found[-1]) / 1000
 
 
 def _field(output: str, name: str) -> float:
@@ -378,10 +386,10 @@ def _two_runs(bench, out: list[str], tries: int, *, md_table) -> None:
             [
                 [
                     str(tries),
-                    _fmt([float(d) for d in done], 0),
+                    fmt([float(d) for d in done], 0),
                     str(sum(lost)),
-                    _fmt([float(c) for c in calls], 0),
-                    _fmt([float(p) for p in peaks], 0),
+                    fmt([float(c) for c in calls], 0),
+                    fmt([float(p) for p in peaks], 0),
                     "met" if sum(lost) == 0 and min(done) == TWO_RUNS_ROWS else "**missed**",
                 ]
             ],

@@ -23,14 +23,14 @@ Two questions, each answered with medians of several rounds in the same run:
 from __future__ import annotations
 
 import math
-import re
-import statistics
 import uuid
 from pathlib import Path
 from typing import Any
 
 from devtools import bench_detach_airflow
 from devtools.bench_core import Service, start_selections
+from devtools.bench_detach_airflow import fmt as _fmt
+from devtools.bench_detach_airflow import median as _median
 
 REPO = Path(__file__).resolve().parent.parent
 LATENCY_MS = 20.0
@@ -41,7 +41,6 @@ CALLS_RATIO_GOAL = 1.2
 CAPACITY_GOAL = 0.8
 # (healthy due rows, limited due rows) per plan
 SIZES = {"smoke": (200, 60), "default": (6000, 2000)}
-_DURATION = re.compile(r"event=job_completed .*?duration_ms=(\d+)")
 # the job's run bound is raised so one run handles the whole outbox
 RUN_CONFIG = {"max_run_duration_seconds": 3000, "lock_ttl_seconds": 3600}
 # against the limited service one run lasts its bound (batches of 100 start until then)
@@ -86,19 +85,6 @@ def _ratio(calls: list[list]) -> float:
     return len(calls) / accepted if accepted else math.nan
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
-
-def _fmt(values: list[float], digits: int = 2, unit: str = "") -> str:
-    if not values:
-        return "n/a"
-    med = f"{_median(values):.{digits}f}{unit}"
-    if len(values) == 1:
-        return med
-    return f"{med} ({min(values):.{digits}f} .. {max(values):.{digits}f})"
-
-
 def run_section(bench: Any, out: list[str], *, hammer, md_table, error: type[Exception]) -> None:
     plan = bench.plan.name.split()[0]
     healthy_rows, limited_rows = SIZES.get(plan, SIZES["default"])
@@ -106,14 +92,6 @@ def run_section(bench: Any, out: list[str], *, hammer, md_table, error: type[Exc
     _healthy(bench, out, healthy_rows, hammer=hammer, md_table=md_table, error=error)
     _limited(bench, out, limited_rows, bound, md_table=md_table, error=error)
     bench_detach_airflow.run_section(bench, out, hammer=hammer, md_table=md_table, error=error)
-
-
-def job_duration_seconds(output: str) -> float:
-    """The run's own duration from its ``job_completed`` line (the last one in ``output``)."""
-    found = _DURATION.findall(output)
-    if not found:
-        raise ValueError("no job_completed line with duration_ms in the DAG run's output")
-    return int(found[-1]) / 1000
 
 
 def _healthy(bench: Any, out: list[str], healthy_rows: int, *, hammer, md_table, error) -> None:

@@ -48,7 +48,7 @@ def test_empty_log_is_not_a_number():
 
 
 def test_job_duration_comes_from_the_last_job_completed_line():
-    from devtools.bench_detach_capacity import job_duration_seconds
+    from devtools.bench_detach_airflow import job_duration_seconds
 
     out = (
         "event=job_completed job=x run_id=a succeeded=1 duration_ms=900\n"
