@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
+from devtools.selections_service import SelectionsService
 from include.pin_maintenance.db import lock_key
 from include.pin_maintenance.jobs import snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach import LOCK_NAME, Metric
@@ -549,6 +550,28 @@ def test_batches_loop_until_a_short_batch(db, service):
     result = run_job(db, service, cfg=config(batch_size=10))
     assert result.batches == 3 and result.claimed == 25 and not result.has_more
     assert all(r.status == "Done" for r in rows(db).values())
+
+
+def test_a_slow_call_holds_back_only_its_own_row(db):
+    # the oldest row's call answers after 2 s; the five batches behind its own (more than the
+    # pipeline's depth) are claimed, called and recorded meanwhile
+    slow = insert_entry(db, due_in=timedelta(minutes=-5))
+    same_batch = insert_entries(db, 9, due_in=timedelta(minutes=-4))
+    later_batches = insert_entries(db, 50)
+    with SelectionsService(slow_seconds=2) as svc:
+        svc.script(slow.snapshot_id, "slow")
+        cfg = config(
+            batch_size=10,
+            detach_call_timeout_seconds=5,
+            detach_concurrency_min=4,  # the slow call holds a slot; three carry the rest
+            detach_concurrency=4,
+        )
+        result = run_job(db, svc, cfg=cfg)
+    state = rows(db)
+    assert result.succeeded == 60 and result.calls == 60
+    assert all(state[e.snapshot_id].status == "Done" for e in [slow, *same_batch, *later_batches])
+    slow_recorded = state[slow.snapshot_id].updated_at
+    assert max(state[e.snapshot_id].updated_at for e in later_batches) < slow_recorded
 
 
 def test_max_run_duration_stops_between_batches(db, service):

@@ -58,11 +58,11 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -117,7 +117,11 @@ from include.pin_maintenance.runloop import JobCancelled, StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry, record_error, resumed, set_result
 
 LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
-MAX_UNSETTLED_BATCHES = 3  # claimed and not yet recorded at once (the pipeline's depth)
+# The pipeline's depth: rows claimed and not yet recorded, in batches. When a slow call would
+# keep the pipeline full, the answered rows of its batch are recorded, so a stalled call (a
+# connection attempt dropped by a full accept queue, retried by TCP a second later) holds
+# back only its own row, not the claims behind it.
+MAX_UNSETTLED_BATCHES = 3
 PIPELINE_POLL_SECONDS = 0.02  # how often the main thread looks whether to claim ahead
 MAX_QUARANTINE_ALERTS_PER_RUN = MAX_ROW_ALERTS_PER_RUN  # then one summary alert has the count
 ALERT_FLUSH_SECONDS = 2.0  # of RUN_MARGIN_SECONDS: undelivered alerts after that are logged
@@ -136,12 +140,17 @@ SPEC = JobSpec(
 
 @dataclass
 class _Batch:
-    rows: list[ClaimedRow]
+    rows: list[ClaimedRow]  # claimed and not yet recorded
     calls: dict[str, Future]  # row id -> its detach call (rows with a known reason)
-    span: Span = trace.INVALID_SPAN  # from its claim until its outcomes are recorded
+    span: Span = trace.INVALID_SPAN  # from its claim until its last outcome is recorded
+    recorded: Counter[Verdict] = field(default_factory=Counter)  # outcomes written so far
 
     def done(self) -> bool:
         return all(f.done() for f in self.calls.values())
+
+    def answered(self) -> list[ClaimedRow]:
+        """Rows whose call is in (or that were never called)."""
+        return [r for r in self.rows if r.id not in self.calls or self.calls[r.id].done()]
 
 
 def utc_now() -> datetime:
@@ -309,8 +318,7 @@ class _Run:
     ) -> tuple[int, StopReason | str | None]:
         batches, stop_reason = 0, None
         while True:
-            while unsettled and unsettled[0].done():
-                self._settle(conn, unsettled.popleft())
+            self._settle_answered(conn, unsettled)
             if stop_reason is None:
                 stop_reason = self._why_no_more_batches(batches)
             if stop_reason is None and self._wants_batch(unsettled):
@@ -327,7 +335,8 @@ class _Run:
                 self.calls.abandon(unsettled[0].calls)
                 continue
             head = [f for f in unsettled[0].calls.values() if not f.done()]
-            poll = None if stop_reason is not None else PIPELINE_POLL_SECONDS
+            # batches settle in any order: while others are out, look again for them too
+            poll = None if stop_reason and len(unsettled) == 1 else PIPELINE_POLL_SECONDS
             futures.wait(head, timeout=self.deadline.timeout(poll))
 
     def _why_no_more_batches(self, batches: int) -> StopReason | str | None:
@@ -344,9 +353,14 @@ class _Run:
         """Claim ahead while the queued calls would not keep the limit busy."""
         if not unsettled:
             return True
-        if len(unsettled) >= MAX_UNSETTLED_BATCHES:
+        if self._pipeline_full(unsettled):
             return False
         return self.calls.queued() < 2 * self.calls.gate.limit.slots
+
+    def _pipeline_full(self, unsettled: deque[_Batch]) -> bool:
+        """No room for another batch's rows within the pipeline's depth."""
+        rows = sum(len(b.rows) for b in unsettled)
+        return rows > (MAX_UNSETTLED_BATCHES - 1) * int(self.config["batch_size"])
 
     def _claim_batch(
         self, conn: psycopg.Connection, index: int, unsettled: deque[_Batch]
@@ -377,15 +391,35 @@ class _Run:
             span.end()
         return batch
 
-    def _settle(self, conn: psycopg.Connection, batch: _Batch) -> None:
-        """Record the outcomes of a batch whose calls are all in (one transaction)."""
-        with resumed(batch.span) as span:
-            decisions = [(row, self._decide(row, batch)) for row in batch.rows]
-            self.outcomes.record(conn, decisions)
-            if span.is_recording():
-                for verdict in Verdict:
-                    n = sum(1 for _, d in decisions if d.verdict is verdict)
-                    span.set_attribute(f"pin.batch.outcome.{verdict.value}", n)
+    def _settle_answered(self, conn: psycopg.Connection, unsettled: deque[_Batch]) -> None:
+        """Record every batch whose calls are all in, oldest first, and end its span; while the
+        pipeline is still full, record the answered rows of the batches left, oldest first."""
+        for batch in [b for b in unsettled if b.done()]:
+            unsettled.remove(batch)
+            with resumed(batch.span) as span:
+                self._settle(conn, batch, batch.rows)
+                if span.is_recording():
+                    for verdict in Verdict:
+                        n = batch.recorded[verdict]
+                        span.set_attribute(f"pin.batch.outcome.{verdict.value}", n)
+        for batch in list(unsettled):
+            if not self._pipeline_full(unsettled):
+                break
+            if answered := batch.answered():
+                with trace.use_span(batch.span, end_on_exit=False):
+                    self._settle(conn, batch, answered)
+
+    def _settle(self, conn: psycopg.Connection, batch: _Batch, rows: list[ClaimedRow]) -> None:
+        """Record the outcomes of ``rows`` of ``batch``, whose calls are in (one transaction)."""
+        if not rows:
+            return
+        decisions = [(row, self._decide(row, batch)) for row in rows]
+        self.outcomes.record(conn, decisions)
+        batch.recorded.update(d.verdict for _, d in decisions)
+        recorded = {row.id for row in rows}
+        batch.rows = [r for r in batch.rows if r.id not in recorded]
+        for row_id in recorded:
+            batch.calls.pop(row_id, None)
 
     def _decide(self, row: ClaimedRow, batch: _Batch) -> Decision:
         if row.reason not in KNOWN_REASONS:  # never called
