@@ -18,7 +18,7 @@ import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from devtools import pg
 from devtools.pg import Database
 from devtools.retention_data import seed_sessions
 from devtools.selections_service import SelectionsService
-from tests.integration.slot_expiration_fixtures import insert_slot
+from tests.integration.slot_expiration_fixtures import DAG_CONF, seed_slots_with_poison
 from tests.integration.snapshot_detach_fixtures import insert_entries, insert_entry
 
 pytestmark = [pytest.mark.dags, pytest.mark.slow]
@@ -62,19 +62,8 @@ def _requeue(db: Database) -> Seeded:
 
 
 def _slots(db: Database) -> Seeded:
-    now = datetime.now(UTC)
-    with db.connect() as conn:
-        for hours in range(1, 6):
-            insert_slot(conn, start_at=now - timedelta(hours=hours))
-        insert_slot(conn, start_at=now + timedelta(days=1))
-        insert_slot(conn, status="Booked", start_at=now - timedelta(hours=2))
-        # version + 1 overflows: a poison row the run isolates and reports, and still succeeds
-        insert_slot(conn, start_at=now - timedelta(hours=9), version=2**31 - 1)
-    # two batch loops (the first batch is full): the drain mode's second connection too
-    return Seeded(
-        conf={"batch_size": 2, "max_batches_per_cycle": 100},
-        alerts=("slot_expiration_poison_row",),
-    )
+    seed_slots_with_poison(db)
+    return Seeded(conf=DAG_CONF, alerts=("slot_expiration_poison_row",))
 
 
 def _retention(db: Database) -> Seeded:

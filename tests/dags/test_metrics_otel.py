@@ -34,7 +34,7 @@ import ast
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from itertools import takewhile
 
 import pytest
@@ -45,7 +45,11 @@ from devtools.retention_data import seed_sessions
 from devtools.selections_service import SelectionsService
 from tests.dags.test_metrics_statsd import CATALOG, FIXTURES, NO_JOB_DB, emit_plan
 from tests.dags.test_traces_dags_test import tracing_env
-from tests.integration.slot_expiration_fixtures import insert_slot, table_state
+from tests.integration.slot_expiration_fixtures import (
+    DAG_CONF,
+    seed_slots_with_poison,
+    table_state,
+)
 from tests.integration.snapshot_detach_fixtures import insert_entry, rows
 
 pytestmark = pytest.mark.dags
@@ -231,19 +235,10 @@ def _return_value(output: str) -> dict:
 
 
 def test_slot_expiration_metrics_arrive_with_the_run_s_counts(db: Database, run_dag, otlp):
-    now = datetime.now(UTC)
-    with db.connect() as conn:
-        for h in range(1, 6):
-            insert_slot(conn, start_at=now - timedelta(hours=h))
-        insert_slot(conn, start_at=now + timedelta(days=1))
-        insert_slot(conn, status="Booked", start_at=now - timedelta(hours=2))
-        # version + 1 overflows: a poison row, isolated and counted as an error
-        poison = insert_slot(conn, start_at=now - timedelta(hours=9), version=2**31 - 1)
+    poison = seed_slots_with_poison(db)  # isolated and counted as an error
     before = table_state(db)
 
-    run = run_with_otel(
-        run_dag, otlp, SLOTS, db, conf={"batch_size": 2, "max_batches_per_cycle": 100}
-    )
+    run = run_with_otel(run_dag, otlp, SLOTS, db, conf=DAG_CONF)
 
     after = table_state(db)
     expired = [i for i in after if after[i][0] == "Expired" and before[i][0] == "Available"]

@@ -103,6 +103,22 @@ def insert_slot(
     return slot_id
 
 
+# A DAG run over the seeded slots below makes several batches and both drain loops.
+DAG_CONF = {"batch_size": 2, "max_batches_per_cycle": 100}
+
+
+def seed_slots_with_poison(db: Database) -> uuid.UUID:
+    """Five due slots, one tomorrow, one booked two hours ago, and a poison row (version + 1
+    overflows) that a run isolates, reports and still succeeds; the poison row's id."""
+    now = datetime.now(UTC)
+    with db.connect() as conn:
+        for hours in range(1, 6):
+            insert_slot(conn, start_at=now - timedelta(hours=hours))
+        insert_slot(conn, start_at=now + timedelta(days=1))
+        insert_slot(conn, status="Booked", start_at=now - timedelta(hours=2))
+        return insert_slot(conn, start_at=now - timedelta(hours=9), version=2**31 - 1)
+
+
 def insert_due(db: Database, count: int, *, now: datetime = NOW) -> list[uuid.UUID]:
     """``count`` due Available slots, oldest first in the returned list (1 minute apart)."""
     with db.connect() as conn:
