@@ -183,10 +183,21 @@ def test_a_burst_of_refusals_cuts_once_and_the_limit_recovers():
     assert cuts.count(True) == 1
     assert limit.slots == 16
     healthy_windows(40)
-    assert limit.slots == 31  # +1 per healthy window, below where it was refused
+    assert limit.slots == 25  # +1 per healthy window, a fifth below where it was refused
     t += CEILING_SECONDS
     healthy_windows(1)
-    assert limit.slots == 32  # and, a while later, it probes there again
+    assert limit.slots == 26  # and, a while later, it probes above again
+
+
+def test_a_cliff_hit_again_within_the_ceiling_brings_the_ceiling_down():
+    limit = AdaptiveLimit(1, 32)
+    limit.limit, limit.slow_start = 32.0, False
+    ceilings = []
+    for second in range(3):  # a stall at the ceiling, once a second
+        limit.on_congestion(limit.epoch, float(second))
+        limit.limit = limit.ceiling  # grown back to it
+        ceilings.append(limit.slots)
+    assert ceilings == [25, 20, 16]
 
 
 def test_a_service_that_refuses_beyond_four_settles_at_four():

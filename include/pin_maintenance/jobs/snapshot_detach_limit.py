@@ -27,7 +27,8 @@ Gradient limits of Netflix's concurrency-limits:
   window (part of the rise may be the job's own queueing). In between: hold.
 - **Congestion** (429, 502/503/504, a timeout, a connection error, a **stall**) halves the
   limit, at most once per epoch (calls started before the cut do not cut again), never below the
-  minimum, and for ``CEILING_SECONDS`` the limit stays below where it was cut. A stall is a call
+  minimum, and for ``CEILING_SECONDS`` the limit stays a fifth (at least one call) below where
+  it was cut, so a cliff hit again within that time brings the ceiling down. A stall is a call
   in flight longer than ``STALL_FACTOR x W0`` (at least :data:`STALL_MIN_SECONDS`): a dropped
   connection attempt, which TCP retries only after a second, or a caller parked behind a full
   pool. It counts once, when the gate first sees it, not when it ends.
@@ -111,8 +112,9 @@ class AdaptiveLimit:
         """Cut once per epoch: a call started before the last cut does not cut again."""
         if started_epoch < self.epoch:
             return False
-        # where the service pushed back is not probed again for a while
-        self.ceiling = max(float(self.minimum), self.limit - 1)
+        # where the service pushed back is not probed again for a while, and a cliff hit
+        # again within that while lowers the ceiling by a fifth each time
+        self.ceiling = max(float(self.minimum), min(self.limit - 1, KNEE_STEP * self.limit))
         self.ceiling_until = now + CEILING_SECONDS
         self.limit = max(float(self.minimum), self.limit * DECREASE_FACTOR)
         self.slow_start = False
