@@ -14,9 +14,10 @@ One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-sna
    429/502/503/504/timeouts/connection errors/stalled calls, pause for a ``Retry-After``);
    ``breaker_failure_threshold`` consecutive failed calls open the outage circuit breaker,
    a 401/403 or a misrouting stops calling too (``snapshot_detach_flow``).
-3. **Outcome** (one short transaction per batch, guarded per row by the claim token): what
-   each answer writes is the table in ``snapshot_detach_rules``; ``snapshot_detach_outcomes``
-   writes it and counts, logs and alerts it.
+3. **Outcome** (one short transaction per batch, or per part of a batch that a slow call holds
+   back, guarded per row by the claim token): what each answer writes is the table in
+   ``snapshot_detach_rules``; ``snapshot_detach_outcomes`` writes it and counts, logs and
+   alerts it.
 
 The modules: ``snapshot_detach_rules`` (pure: verdicts, outcome plans, the result),
 ``snapshot_detach_db`` (the statements), ``snapshot_detach_flow`` (the call gate's rules),
