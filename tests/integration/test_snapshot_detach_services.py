@@ -41,7 +41,7 @@ def test_a_plain_threaded_server_gets_every_row_done_in_one_run(db, latency_sigm
     not_done = {k: v for k, v in not_done.items() if after[k].status != "Done"}
     assert not_done == {}  # no Timeout, no ConnectionError: the job did not overload it
     assert result.succeeded == 300 and result.failed == 0
-    # each row called once, or twice when its first connection stalled and was lost
+    # each row called once, or twice when its first connection was lost
     assert result.calls == 300 + result.call_retries
     # a call lost before it reached the service is not in its log
     assert 300 <= sum(calls.values()) <= result.calls and max(calls.values()) <= 2

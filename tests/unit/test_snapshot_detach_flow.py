@@ -165,6 +165,19 @@ def test_a_stalled_call_lost_while_the_service_answered_others_may_be_made_again
     assert not gate.release(quick, "refused", CallOutcome(error_class="ConnectionError"))
 
 
+def test_a_connection_lost_fast_while_the_service_answered_others_may_be_made_again():
+    now = [0.0]
+    gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
+    gate.limit.limit = 8.0
+    gate.limit.base = 0.02
+    reset = gate.acquire()
+    now[0] = 0.01
+    gate.release(gate.acquire(), "later", CallOutcome(200))  # started after it, answered
+    now[0] = 0.03  # well before a stall: the connection was reset, not dropped
+    assert gate.release(reset, "reset", CallOutcome(error_class="ConnectionError"))
+    assert gate.stats.retried == 1 and gate.stats.stalls == 0
+
+
 def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():
     gate = _gate()
     ticket = gate.acquire()

@@ -149,8 +149,8 @@ class DetachCalls:
             outcome = self._traced_call(row, parent)
             if not self.gate.release(ticket, row.id, outcome) or attempt:
                 return outcome
-            # the connection stalled and failed while the service answered others: the job's
-            # own overload (a dropped connection attempt), not the row's; call once more
+            # the connection failed while the service answered others: the job's own overload
+            # (a dropped connection attempt) or the connection, not the row; call once more
             self.log.info("entry_call_retried", outbox_id=row.id, error=outcome.error_class)
         return outcome
 

@@ -334,9 +334,10 @@ class CallGate:
                 self.limit.on_congestion(ticket.epoch, now)
 
     def release(self, ticket: Ticket, row_id: str, outcome: CallOutcome) -> bool:
-        """Report a call's outcome; True when the call may be made once more: it stalled and
-        failed (timeout, connection error) while the service answered calls started after it,
-        so the job's own overload, not the service, lost it."""
+        """Report a call's outcome; True when the call may be made once more: it failed in
+        transport (timeout, connection error: most often a stalled connection attempt) while
+        the service answered calls started after it, so the service was up and the job's own
+        overload, or the connection, lost it."""
         opened = False
         with self._cond:
             self._in_flight -= 1
@@ -379,8 +380,7 @@ class CallGate:
             else:  # wake only as many waiting workers as there are free slots
                 self._cond.notify(max(1, self.limit.slots - self._in_flight))
             retry = (
-                stalled
-                and outcome.error_class in _CONGESTION_ERRORS
+                outcome.error_class in _CONGESTION_ERRORS
                 and self._answered_started > ticket.started
                 and not self.calls_stopped
             )

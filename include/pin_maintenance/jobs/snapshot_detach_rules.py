@@ -189,7 +189,7 @@ class DetachResult:
     concurrency_limit: int = 0  # adaptive limit at the end of the run
     concurrency_peak: int = 0  # most calls in flight at once
     call_stalls: int = 0  # calls seen in flight past the limit's stall time
-    call_retries: int = 0  # stalled calls lost to the job's own overload and made once more
+    call_retries: int = 0  # calls lost in transport while others were answered, made once more
     pending: int = 0
     oldest_age_seconds: float = 0.0
     duration_ms: int = 0
