@@ -100,6 +100,15 @@ def test_gate_admits_up_to_the_limit_and_grows():
     assert gate.limit.slots == 2
 
 
+def _gate_at_base():
+    """A gate on a settable clock (``now[0]``), 8 calls allowed, base latency 20 ms."""
+    now = [0.0]
+    gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
+    gate.limit.limit = 8.0
+    gate.limit.base = 0.02
+    return gate, now
+
+
 def _traffic(gate, now, until, step=0.1):
     """Other calls passing the gate every ``step`` seconds until ``until`` (20 ms each)."""
     while now[0] + step < until:
@@ -110,10 +119,7 @@ def _traffic(gate, now, until, step=0.1):
 
 
 def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
-    now = [0.0]
-    gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
-    gate.limit.limit = 8.0
-    gate.limit.base = 0.02  # stall time: at least 0.5 s
+    gate, now = _gate_at_base()  # stall time: at least 0.5 s
     stuck = gate.acquire()  # a dropped connection attempt: no answer for a second
     _traffic(gate, now, 0.55)  # while the others get through
     now[0] = 0.6
@@ -128,10 +134,7 @@ def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
 def test_a_pause_of_the_whole_process_is_not_a_stall():
     # a garbage collection stops every thread: no worker passes the gate for 0.6 s, then the
     # calls in flight all come back late; that is the job's pause, not the service's knee
-    now = [0.0]
-    gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
-    gate.limit.limit = 8.0
-    gate.limit.base = 0.02
+    gate, now = _gate_at_base()
     tickets = [gate.acquire() for _ in range(4)]
     now[0] = 0.65
     for i, ticket in enumerate(tickets):
@@ -147,10 +150,7 @@ def test_a_pause_of_the_whole_process_is_not_a_stall():
 
 
 def test_a_stalled_call_lost_while_the_service_answered_others_may_be_made_again():
-    now = [0.0]
-    gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
-    gate.limit.limit = 8.0
-    gate.limit.base = 0.02
+    gate, now = _gate_at_base()
     lost = gate.acquire()
     _traffic(gate, now, 5.0)  # calls started after it are answered
     now[0] = 5.0
@@ -166,10 +166,7 @@ def test_a_stalled_call_lost_while_the_service_answered_others_may_be_made_again
 
 
 def test_a_connection_lost_fast_while_the_service_answered_others_may_be_made_again():
-    now = [0.0]
-    gate = _gate(deadline=Deadline(600, clock=lambda: now[0]))
-    gate.limit.limit = 8.0
-    gate.limit.base = 0.02
+    gate, now = _gate_at_base()
     reset = gate.acquire()
     now[0] = 0.01
     gate.release(gate.acquire(), "later", CallOutcome(200))  # started after it, answered
