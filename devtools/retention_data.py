@@ -52,7 +52,8 @@ select md5(%(tag)s || ':s:' || i)::uuid,
        e - interval '30 minutes', e, case
          when i > %(n_eligible)s and i %% 2 = 0 then null else e end,
        e - interval '30 minutes'
-from generate_series(1, %(n_eligible)s + %(n_young)s) as i
+-- ::int: psycopg binds an int under 32768 as a smallint, and i's arithmetic would overflow it
+from generate_series(1, %(n_sessions)s::int) as i
 cross join lateral (
   select case
     when i <= %(n_eligible)s then
