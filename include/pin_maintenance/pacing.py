@@ -2,8 +2,8 @@
 database's other users would feel it, and speeds up again when they would not (docs/design.md,
 "Pacing").
 
-Two signals, read between batches on the loop's own connection (at most every
-:data:`PROBE_INTERVAL_SECONDS` for the whole crew of loops):
+Three signals, read between batches on the loop's own connection (the first two at most every
+:data:`PROBE_INTERVAL_SECONDS` for the whole crew of loops, the WAL position after each batch):
 
 - **Replica lag.** How far the slowest streaming replica's replay is behind, in seconds: the
   larger of ``pg_stat_replication.replay_lag`` and the age of the oldest WAL position this job
@@ -20,6 +20,12 @@ Two signals, read between batches on the loop's own connection (at most every
   loop sleeps a multiple of its own batch time after each batch (gh-ost's ``nice-ratio``,
   pt-archiver's ``--sleep-coef``); the multiple doubles while the canary stays slow and decays
   once it is back, so the drain takes what the database can spare.
+- **WAL rate.** The services' commits wait for the WAL flush, and a drain's WAL queues ahead of
+  theirs (the job commits without waiting, so the WAL writer flushes it in large writes). While
+  other sessions are active, the database's WAL (everyone's, read as
+  ``pg_current_wal_insert_lsn()`` after each batch) is held to ``max_wal_mb_per_second`` by a
+  leaky bucket: each loop sleeps after a batch until the WAL written so far is paid for at that
+  rate (GitLab's batched migrations' WAL-rate indicator, vacuum's cost delay).
 
 While other sessions are busy the loops also take turns, one batch at a time, so the job never
 takes more than one core and one stream of WAL from them; a run that finds them busy when it
@@ -71,33 +77,46 @@ TURN_WAIT_SECONDS = 0.2  # a loop waiting for its turn looks at its stop signal 
 # stuck, e.g. on a lock: the other loops go on without a turn rather than stall behind it.
 TURN_PATIENCE_SECONDS = 1.0
 RECENT_BATCHES = 8  # batch times whose median sets the patience
-NICE_MAX = 20.0  # at most this multiple: the drain keeps at least 1/21 of its pace
+NICE_MAX = 20.0  # at most this multiple (of a WAL-rate sleep too): 1/21 of the pace stays
 NICE_DECAY = 0.75  # each healthy probe shortens the sleep by this factor
 NICE_FLOOR = 0.05  # below this, no sleep at all
 HISTORY_SECONDS = 3600.0  # WAL positions kept for the lag estimate (one every probe)
+WAL_DEBT_MAX_SECONDS = 2.0  # the WAL-rate bucket's depth, in seconds of the budget
+WAL_RATE_WINDOW_SECONDS = 2.0  # the WAL rate a log line reports is over this window
+# A crew that found no WAL debt after a batch this long after its last WAL-rate sleep is back
+# at its own pace (one job_resumed line, not one per batch around the budget).
+WAL_RESUME_SECONDS = 1.0
+MEGABYTE = 1_000_000
 
 REASON_REPLICA_LAG = "replica_lag"
 REASON_NEIGHBOUR_LATENCY = "neighbour_latency"
-REASONS = (REASON_REPLICA_LAG, REASON_NEIGHBOUR_LATENCY)
+REASON_WAL_RATE = "wal_rate"
+REASONS = (REASON_REPLICA_LAG, REASON_NEIGHBOUR_LATENCY, REASON_WAL_RATE)
 
 
 @dataclass(frozen=True)
 class PacingLimits:
-    """The two config keys; 0 turns a signal off."""
+    """The pacing config keys; 0 turns a signal off."""
 
     max_replica_lag_seconds: float
     max_neighbour_slowdown: float
+    max_wal_mb_per_second: float = 0.0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> PacingLimits:
         return cls(
             float(config.get("max_replica_lag_seconds", 0)),
             float(config.get("max_neighbour_slowdown", 0)),
+            float(config.get("max_wal_mb_per_second", 0)),
         )
 
     @property
     def off(self) -> bool:
-        return not self.max_replica_lag_seconds and not self.max_neighbour_slowdown
+        return not (
+            self.max_replica_lag_seconds
+            or self.max_neighbour_slowdown
+            or self.max_wal_mb_per_second
+        )
 
 
 @dataclass(frozen=True)
@@ -141,6 +160,22 @@ def replica_lag_seconds(history: Sequence[tuple[float, int]], reading: Reading) 
         if position > reading.replay_bytes:
             return max(lag, reading.at - at)
     return lag
+
+
+def wal_paid_until(
+    paid_until: float, since: float, now: float, new_bytes: int, bytes_per_second: float
+) -> float:
+    """The WAL-rate leaky bucket: the time at which all WAL written so far is paid for.
+
+    ``new_bytes`` were written between the last read of the position, at ``since``, and
+    ``now``; at the budget they take ``new_bytes / bytes_per_second`` to pay, from ``since`` or
+    from when the earlier WAL was paid, whichever is later. Time spent under the budget is not
+    saved up (an idle minute buys no burst), and the debt is at most
+    :data:`WAL_DEBT_MAX_SECONDS` (a burst of the services' own WAL is not the drain's to repay
+    long after it ended).
+    """
+    paid = max(paid_until, since) + max(0, new_bytes) / bytes_per_second
+    return min(paid, now + WAL_DEBT_MAX_SECONDS)
 
 
 def next_nice(nice: float, *, slow: bool) -> float:
@@ -220,6 +255,13 @@ class Pacer:
         self._turn = threading.Lock()  # held by the loop whose batch runs, while taking turns
         self._turn_since = 0.0  # when the turn was last taken
         self._batch_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
+        # the WAL-rate bucket: the last WAL position read while shared, when all WAL read so
+        # far is paid for, recent positions for the rate a log line reports, and the end of
+        # the last WAL-rate sleep while the crew is paced by it
+        self._wal_read: tuple[float, int] | None = None
+        self._wal_paid_until = 0.0
+        self._wal_recent: deque[tuple[float, int]] = deque()
+        self._wal_paced_at: float | None = None
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -235,7 +277,7 @@ class Pacer:
         if not self._stats_readable:
             self.telemetry.log.warning(
                 "pacing_signal_unavailable",
-                signals="replica_lag,neighbour_latency",
+                signals=",".join(REASONS),
                 reason="role lacks pg_read_all_stats (pg_monitor): the run is not paced",
             )
             return
@@ -311,13 +353,81 @@ class Pacer:
         self._probe_if_due(conn)
         if self.limits.max_replica_lag_seconds:
             self._hold_for_replica(conn, stop)
+        if stop.is_set():
+            return
         with self._lock:
-            nice = self._nice
-        if nice and not stop.is_set():
-            pause = min(nice * batch_seconds, self.deadline_remaining())
-            if pause > 0:
-                stop.wait(pause)
-                self._account(REASON_NEIGHBOUR_LATENCY, pause)
+            nice_pause = self._nice * batch_seconds
+        wal_pause = self._wal_debt(conn, batch_seconds) if self.limits.max_wal_mb_per_second else 0
+        reason = REASON_WAL_RATE if wal_pause > nice_pause else REASON_NEIGHBOUR_LATENCY
+        pause = min(max(nice_pause, wal_pause), self.deadline_remaining())
+        if pause > 0:
+            stop.wait(pause)
+            self._account(reason, pause)
+            if reason == REASON_WAL_RATE:
+                with self._lock:
+                    self._wal_paced_at = self.clock()
+
+    def _wal_debt(self, conn: psycopg.Connection, batch_seconds: float) -> float:
+        """Charge the WAL written since the last read to the bucket; the seconds until it is
+        paid, at most :data:`NICE_MAX` times the batch's time (the services' own WAL alone may
+        exceed the budget: the drain slows to its floor then, it does not stop). Only while
+        other sessions are active: alone, the job pays nothing and reads nothing."""
+        with self._lock:
+            shared = self._shared
+            if not shared:
+                self._wal_read = None
+        if not shared:
+            self._wal_resumed()
+            return 0.0
+        row = conn.execute(sql.load("pacing/read_wal_position")).fetchone()
+        if not conn.autocommit:
+            conn.rollback()
+        now, position = self.clock(), int(row[0])
+        budget = self.limits.max_wal_mb_per_second * MEGABYTE
+        with self._lock:
+            if self._wal_read is None:
+                self._wal_read, self._wal_paid_until = (now, position), now
+            elif position > self._wal_read[1]:
+                since, before = self._wal_read
+                self._wal_paid_until = wal_paid_until(
+                    self._wal_paid_until, since, now, position - before, budget
+                )
+                self._wal_read = (now, position)
+            self._wal_recent.append((now, position))
+            while now - self._wal_recent[0][0] > WAL_RATE_WINDOW_SECONDS:
+                self._wal_recent.popleft()
+            debt = self._wal_paid_until - now
+            paced_before = self._wal_paced_at is not None
+        if debt <= 0:
+            self._wal_resumed()
+            return 0.0
+        if not paced_before:
+            with self._lock:
+                self._wal_paced_at = now
+            self.telemetry.log.info(
+                "job_paced",
+                reason=REASON_WAL_RATE,
+                value=round(self._wal_rate() / MEGABYTE, 1),
+                limit=self.limits.max_wal_mb_per_second,
+            )
+        return min(debt, NICE_MAX * batch_seconds)
+
+    def _wal_rate(self) -> float:
+        """The database's WAL rate over the recent reads, bytes per second (0: too few)."""
+        with self._lock:
+            (first_at, first), (last_at, last) = self._wal_recent[0], self._wal_recent[-1]
+        return (last - first) / (last_at - first_at) if last_at > first_at else 0.0
+
+    def _wal_resumed(self) -> None:
+        """One ``job_resumed`` line once the crew has run :data:`WAL_RESUME_SECONDS` without a
+        WAL-rate sleep."""
+        with self._lock:
+            paced_at = self._wal_paced_at
+            if paced_at is None or self.clock() - paced_at < WAL_RESUME_SECONDS:
+                return
+            self._wal_paced_at = None
+            paced = self.totals.seconds[REASON_WAL_RATE]
+        self.telemetry.log.info("job_resumed", reason=REASON_WAL_RATE, paced_ms=round(paced * 1000))
 
     def _hold_for_replica(self, conn: psycopg.Connection, stop: StopSignal) -> None:
         limit = self.limits.max_replica_lag_seconds
@@ -394,10 +504,10 @@ class Pacer:
         """Fold a reading into the state: history, neighbours, and the sleep multiple."""
         with self._lock:
             self._note(reading)
+            self._shared = database_shared([active for _, active in self._others])
             if reading.canary_seconds is None:
                 return
             self._canaries.append(reading.canary_seconds)
-            self._shared = database_shared([active for _, active in self._others])
             slow = self._shared and canary_slow(
                 self._canaries, self._baseline, self.limits.max_neighbour_slowdown
             )

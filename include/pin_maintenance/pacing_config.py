@@ -32,10 +32,22 @@ PACING_SETTINGS = (
             "0 = off, else at least 1."
         ),
     ),
+    Setting(
+        "max_wal_mb_per_second",
+        8,
+        kind=float,
+        minimum=0,
+        maximum=10000,
+        help=(
+            "While other sessions use the database, hold its WAL rate (everyone's, in MB/s) to "
+            "this by sleeping between batches: the services' commits wait behind the WAL the "
+            "drain writes; 0 = off."
+        ),
+    ),
 )
 
-# Both signals off: a run at its own speed, as before pacing (a test of a bound, a bench case).
-PACING_OFF = {"max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0}
+# Every signal off: a run at its own speed, as before pacing (a test of a bound, a bench case).
+PACING_OFF = {"max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0, "max_wal_mb_per_second": 0}
 
 PACING_RULES = (
     Rule(

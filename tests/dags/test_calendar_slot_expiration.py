@@ -38,6 +38,7 @@ def test_structure(dag):
         "max_run_duration_seconds",
         "max_replica_lag_seconds",
         "max_neighbour_slowdown",
+        "max_wal_mb_per_second",
         "dry_run",
     }
     assert [t.task_id for t in dag.tasks] == ["expire_slots"]

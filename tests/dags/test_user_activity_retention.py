@@ -41,6 +41,7 @@ def test_schedule_and_run_policy(retention_dag):
         "max_run_duration_seconds",
         "max_replica_lag_seconds",
         "max_neighbour_slowdown",
+        "max_wal_mb_per_second",
         "dry_run",
     }
     assert all(t.execution_timeout is not None for t in dag.tasks)

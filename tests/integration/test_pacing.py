@@ -16,9 +16,11 @@ from include.pin_maintenance.pacing import (
     NICE_SHARED_START,
     PROBE_INTERVAL_SECONDS,
     REASON_NEIGHBOUR_LATENCY,
+    REASON_WAL_RATE,
     Pacer,
     PacingLimits,
 )
+from include.pin_maintenance.pacing_config import PACING_OFF
 from include.pin_maintenance.parallel import BatchBudget, Deadline, run_batch_loops
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
@@ -98,6 +100,35 @@ def test_a_busy_database_paces_the_loop_and_an_idle_one_lets_it_go(db, caplog):
         line.startswith("event=job_paced ") and "reason=neighbour_latency" in line for line in lines
     ), lines
     assert any(line.startswith("event=job_resumed ") for line in lines)
+
+
+def test_a_database_writing_wal_past_the_budget_paces_the_loop_until_it_writes_less(db, caplog):
+    # one session inserting 20,000 rows a statement writes tens of MB/s, far over 2 MB/s
+    caplog.set_level(logging.INFO)
+    metrics = RecordingMetrics()
+    limits = PacingLimits(
+        max_replica_lag_seconds=0, max_neighbour_slowdown=0, max_wal_mb_per_second=2
+    )
+    paced = pacer(limits, metrics)
+    with psycopg.connect(db.url, autocommit=True, application_name=APP) as conn:
+        paced.start(conn)
+        with busy(db.url, [WAL_HOG]):
+            assert probe_until(
+                paced, conn, lambda: paced.totals.seconds[REASON_WAL_RATE] > 0, 60
+            ), "never paced"
+        assert probe_until(paced, conn, lambda: paced._wal_paced_at is None, 60), "never resumed"
+    assert paced.totals.seconds[REASON_NEIGHBOUR_LATENCY] == 0  # the canary is off
+    assert metrics.counters["pacing_test_paced_wal_rate_milliseconds_total"] > 0
+    lines = [r.getMessage() for r in caplog.records]
+    paced_lines = [
+        line for line in lines if line.startswith("event=job_paced ") and "reason=wal_rate" in line
+    ]
+    assert paced_lines, lines
+    fields = dict(field.split("=", 1) for field in paced_lines[0].split())
+    assert float(fields["value"]) > float(fields["limit"]) == 2.0  # the rate it saw, in MB/s
+    assert any(
+        line.startswith("event=job_resumed ") and "reason=wal_rate" in line for line in lines
+    )
 
 
 def test_an_idle_database_is_never_paced(db):
@@ -219,7 +250,7 @@ def test_a_role_without_pg_monitor_runs_unpaced_with_one_warning(db, caplog):
 
 
 def test_pacing_off_reads_nothing(db):
-    paced = pacer(PacingLimits(max_replica_lag_seconds=0, max_neighbour_slowdown=0))
+    paced = pacer(PacingLimits.from_config(PACING_OFF))
     with psycopg.connect(db.url, autocommit=True) as conn:
         paced.start(conn)
         paced.connections[0] = conn
@@ -251,13 +282,34 @@ def test_a_slot_drain_on_a_busy_database_is_paced_and_still_drains(db, caplog):
     assert f"paced_ms={result.paced_ms}" in completed[-1].split()
 
 
+def test_a_slot_drain_beside_a_wal_heavy_session_holds_its_wal_budget(db, caplog):
+    # the canary off: what slows this drain is the budget alone, read from its config
+    caplog.set_level(logging.INFO)
+    with psycopg.connect(db.url) as conn:
+        insert_due_slots(conn, 10_000)
+    with busy(db.url, [WAL_HOG]):
+        result = run_job(
+            db,
+            {
+                "max_batches_per_cycle": 1000,
+                "batch_size": 250,
+                "max_run_duration_seconds": 120,
+                "max_neighbour_slowdown": 0,
+                "max_wal_mb_per_second": 2,
+            },
+            app="pin-slot-expiration",
+            url=db.url,
+        )
+    assert result.stop_reason == "drained" and result.expired_count == 10_000
+    assert result.paced_ms > 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("event=job_paced ") and "reason=wal_rate" in line for line in lines)
+
+
 def test_a_slot_drain_with_pacing_off_never_probes(db, caplog):
     caplog.set_level(logging.INFO)
     with psycopg.connect(db.url) as conn:
         insert_due_slots(conn, 2000)
-    result = run_job(
-        db,
-        {"max_batches_per_cycle": 1000, "max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0},
-    )
+    result = run_job(db, {"max_batches_per_cycle": 1000, **PACING_OFF})
     assert result.expired_count == 2000 and result.paced_ms == 0
     assert not any("pacing_baseline" in r.getMessage() for r in caplog.records)

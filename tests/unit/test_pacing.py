@@ -8,6 +8,7 @@ from include.pin_maintenance.pacing import (
     CANARY_SLACK_SECONDS,
     NICE_MAX,
     NICE_START,
+    WAL_DEBT_MAX_SECONDS,
     PaceTotals,
     PacingLimits,
     Reading,
@@ -15,6 +16,7 @@ from include.pin_maintenance.pacing import (
     database_shared,
     next_nice,
     replica_lag_seconds,
+    wal_paid_until,
 )
 
 
@@ -89,6 +91,32 @@ def test_limits_from_config_and_off():
     assert PacingLimits.from_config({}).off
     limits = PacingLimits.from_config({"max_replica_lag_seconds": 2, "max_neighbour_slowdown": 0})
     assert not limits.off and limits.max_replica_lag_seconds == 2.0
+    assert not PacingLimits.from_config({"max_wal_mb_per_second": 8}).off
+
+
+MB = 1_000_000
+
+
+def test_wal_under_the_budget_is_paid_before_it_is_read():
+    # 1 MB in the second since the last read, at 2 MB/s: paid half a second ago
+    assert wal_paid_until(0.0, 10.0, 11.0, MB, 2 * MB) == pytest.approx(10.5)
+
+
+def test_wal_over_the_budget_is_a_debt_that_the_next_read_adds_to():
+    paid = wal_paid_until(0.0, 10.0, 10.5, 4 * MB, 2 * MB)  # 4 MB in 0.5 s
+    assert paid == pytest.approx(12.0)  # 1.5 s of sleep owed at 10.5
+    # 1 MB more by 11.0: added after the earlier debt, not from the read
+    assert wal_paid_until(paid, 10.5, 11.0, MB, 2 * MB) == pytest.approx(12.5)
+
+
+def test_time_under_the_budget_buys_no_burst():
+    # paid long ago, then 6 MB at once: owed from the last read, whatever was idle before
+    assert wal_paid_until(0.0, 100.0, 100.1, 6 * MB, 4 * MB) == pytest.approx(101.5)
+
+
+def test_the_debt_is_bounded():
+    # a bulk load of 1 GB by someone else: the drain owes at most the bucket's depth
+    assert wal_paid_until(0.0, 10.0, 11.0, 1000 * MB, 8 * MB) == 11.0 + WAL_DEBT_MAX_SECONDS
 
 
 def test_totals_name_the_reason_that_paced_longest():
@@ -97,6 +125,8 @@ def test_totals_name_the_reason_that_paced_longest():
     totals.seconds["replica_lag"] += 1.5
     totals.seconds["neighbour_latency"] += 0.5
     assert totals.main_reason() == "replica_lag" and totals.total == 2.0
+    totals.seconds["wal_rate"] += 3.0
+    assert totals.main_reason() == "wal_rate" and totals.total == 5.0
 
 
 @pytest.mark.parametrize(

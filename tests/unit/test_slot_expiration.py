@@ -34,6 +34,7 @@ def test_config_defaults_match_the_contract():
         "max_run_duration_seconds": 30,
         "max_replica_lag_seconds": 2,
         "max_neighbour_slowdown": 2,
+        "max_wal_mb_per_second": 8,
     }
 
 
@@ -56,6 +57,8 @@ def test_config_defaults_match_the_contract():
         (None, {"max_replica_lag_seconds": 3601}, "allowed: number 0..3600"),
         (None, {"max_neighbour_slowdown": 0.5}, "allowed: 0 (off) or 1..100"),
         (None, {"max_neighbour_slowdown": 101}, "allowed: number 0..100"),
+        (None, {"max_wal_mb_per_second": -1}, "max_wal_mb_per_second = -1"),
+        ('{"max_wal_mb_per_second": 10001}', None, "allowed: number 0..10000"),
     ],
 )
 def test_invalid_config_names_the_key_value_and_range(variable, params, message):
@@ -85,6 +88,7 @@ def test_validate_accepts_resolved_configs(config, expected):
         "max_run_duration_seconds": 30,
         "max_replica_lag_seconds": 2,
         "max_neighbour_slowdown": 2,
+        "max_wal_mb_per_second": 8,
     }
     assert se.validate(config) == defaults | expected
 

@@ -237,6 +237,7 @@ def prepare(
             runners=int(config["runners"]),
             max_replica_lag_seconds=float(config.get("max_replica_lag_seconds", 0)),
             max_neighbour_slowdown=float(config.get("max_neighbour_slowdown", 0)),
+            max_wal_mb_per_second=float(config.get("max_wal_mb_per_second", 0)),
         )
         telemetry.metrics.gauge(M_ELIGIBLE_BACKLOG, plan.eligible_backlog)
         run.started(
@@ -408,7 +409,9 @@ def _pacer(
 ) -> Pacer | None:
     """The step's pacing (docs/design.md, "Pacing"), its baseline read before the first batch;
     a dry run only reads and is not paced."""
-    limits = PacingLimits(plan.max_replica_lag_seconds, plan.max_neighbour_slowdown)
+    limits = PacingLimits(
+        plan.max_replica_lag_seconds, plan.max_neighbour_slowdown, plan.max_wal_mb_per_second
+    )
     if plan.dry_run or limits.off:
         return None
     pacer = Pacer(
