@@ -9,6 +9,8 @@ import pytest
 
 from devtools.bench_neighbours import (
     JOBS,
+    UNPACED,
+    Case,
     Transaction,
     Window,
     job_window,
@@ -17,6 +19,7 @@ from devtools.bench_neighbours import (
     percentile,
     read_pgbench_logs,
 )
+from devtools.bench_neighbours import _alone_against_unpaced as alone_against_unpaced
 
 SLOT_LOG = """\
 2026-12-03T09:35:18.101000Z [info     ] Filling up the DagBag [airflow.models.dagbag.DagBag]
@@ -81,3 +84,22 @@ def test_percentiles_interpolate_and_latency_counts_only_the_window():
     assert (inside.count, inside.p50, inside.tps) == (10, 14.5, 1.0)
     with pytest.raises(RuntimeError, match="no pgbench transaction"):
         latency_in(txs, Window(200, 300))
+
+
+class Alone:
+    """A run with nobody there, as the speed comparison reads it."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+
+def test_a_paced_case_alone_is_compared_with_the_unpaced_case_of_its_job_round_by_round():
+    slots, retention = JOBS["slots"], JOBS["retention"]
+    unpaced = Case(slots, dict(UNPACED), alone=[Alone(100.0), Alone(50.0), Alone(80.0)])
+    paced = Case(slots, {}, alone=[Alone(90.0), Alone(45.0), Alone(40.0)])
+    other_job = Case(retention, dict(UNPACED), alone=[Alone(1.0)] * 3)
+    cases = [paced, other_job, unpaced]
+    # per round 0.9, 0.9, 0.5: the median, then the range
+    assert alone_against_unpaced(paced, cases) == "0.9x (0.5x .. 0.9x)"
+    assert alone_against_unpaced(unpaced, cases) == "-"  # not against itself
+    assert alone_against_unpaced(Case(retention, {}, alone=[Alone(2.0)]), [paced]) == "-"
