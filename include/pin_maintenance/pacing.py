@@ -376,6 +376,7 @@ class Pacer:
             shared = self._shared
             if not shared:
                 self._wal_read = None
+                self._wal_recent.clear()
         if not shared:
             self._wal_resumed()
             return 0.0
@@ -394,16 +395,18 @@ class Pacer:
                 )
                 self._wal_read = (now, position)
             self._wal_recent.append((now, position))
-            while now - self._wal_recent[0][0] > WAL_RATE_WINDOW_SECONDS:
+            while (
+                len(self._wal_recent) > 2 and now - self._wal_recent[0][0] > WAL_RATE_WINDOW_SECONDS
+            ):
                 self._wal_recent.popleft()
             debt = self._wal_paid_until - now
-            paced_before = self._wal_paced_at is not None
+            first_pause = debt > 0 and self._wal_paced_at is None
+            if first_pause:
+                self._wal_paced_at = now
         if debt <= 0:
             self._wal_resumed()
             return 0.0
-        if not paced_before:
-            with self._lock:
-                self._wal_paced_at = now
+        if first_pause:
             self.telemetry.log.info(
                 "job_paced",
                 reason=REASON_WAL_RATE,
@@ -413,7 +416,8 @@ class Pacer:
         return min(debt, NICE_MAX * batch_seconds)
 
     def _wal_rate(self) -> float:
-        """The database's WAL rate over the recent reads, bytes per second (0: too few)."""
+        """The database's WAL rate over the recent reads (the last two at least), bytes per
+        second."""
         with self._lock:
             (first_at, first), (last_at, last) = self._wal_recent[0], self._wal_recent[-1]
         return (last - first) / (last_at - first_at) if last_at > first_at else 0.0
