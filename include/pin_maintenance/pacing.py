@@ -281,9 +281,23 @@ class Pacer:
                 reason="role lacks pg_read_all_stats (pg_monitor): the run is not paced",
             )
             return
-        if not self.limits.max_neighbour_slowdown:
+        if self.limits.max_neighbour_slowdown:
+            self._read_baseline(conn)
+        else:
             self._remember(self._read(conn))
-            return
+        with self._lock:
+            shared = self._shared
+        if self.limits.max_wal_mb_per_second and shared:
+            # the bucket opens before the first batch, so that batch's WAL is paid after it
+            # like every other's: at each step's start the loops would otherwise run two or
+            # three batches back to back before the first debt shows
+            now, position = self._read_wal(conn)
+            with self._lock:
+                self._wal_read, self._wal_paid_until = (now, position), now
+                self._wal_recent.append((now, position))
+
+    def _read_baseline(self, conn: psycopg.Connection) -> None:
+        """The canary's baseline and whether the database is shared, before the first batch."""
         readings = [self._read(conn) for _ in range(BASELINE_CANARIES)]
         self._baseline = statistics.median(r.canary_seconds or 0.0 for r in readings)
         with self._lock:
@@ -380,10 +394,7 @@ class Pacer:
         if not shared:
             self._wal_resumed()
             return 0.0
-        row = conn.execute(sql.load("pacing/read_wal_position")).fetchone()
-        if not conn.autocommit:
-            conn.rollback()
-        now, position = self.clock(), int(row[0])
+        now, position = self._read_wal(conn)
         budget = self.limits.max_wal_mb_per_second * MEGABYTE
         with self._lock:
             if self._wal_read is None:
@@ -414,6 +425,13 @@ class Pacer:
                 limit=self.limits.max_wal_mb_per_second,
             )
         return min(debt, NICE_MAX * batch_seconds)
+
+    def _read_wal(self, conn: psycopg.Connection) -> tuple[float, int]:
+        """(now, the server's WAL insert position in bytes)."""
+        row = conn.execute(sql.load("pacing/read_wal_position")).fetchone()
+        if not conn.autocommit:
+            conn.rollback()
+        return self.clock(), int(row[0])
 
     def _wal_rate(self) -> float:
         """The database's WAL rate over the recent reads (the last two at least), bytes per

@@ -131,6 +131,25 @@ def test_a_database_writing_wal_past_the_budget_paces_the_loop_until_it_writes_l
     )
 
 
+def test_the_first_batch_beside_busy_sessions_pays_for_its_wal(db):
+    # the bucket opens when the run starts: the WAL of the batch right after it is a debt at
+    # once (a step's first batches ran back to back before, the services' worst moment)
+    limits = PacingLimits(
+        max_replica_lag_seconds=0, max_neighbour_slowdown=0, max_wal_mb_per_second=1
+    )
+    paced = pacer(limits)
+    with (
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as conn,
+        busy(db.url, [CPU_HOG] * 2),  # others active, writing no WAL of their own
+    ):
+        paced.start(conn)
+        assert paced._shared
+        conn.execute(WAL_HOG)  # the batch: 20,000 rows, megabytes of WAL
+        paced.connections[0] = conn
+        paced.after_batch(0, StopSignal(), 0.05)
+    assert paced.totals.seconds[REASON_WAL_RATE] > 0
+
+
 def test_an_idle_database_is_never_paced(db):
     paced = pacer(PacingLimits(max_replica_lag_seconds=2, max_neighbour_slowdown=2))
     with psycopg.connect(db.url, autocommit=True, application_name=APP) as conn:
