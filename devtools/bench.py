@@ -267,6 +267,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run these sections only")
     parser.add_argument("--runs", type=int, help="timed runs per measurement")
     parser.add_argument("--out", type=Path, help="report path (a directory gets benchmarks.md)")
+    parser.add_argument(
+        "--keep-workdir",
+        action="store_true",
+        help="keep the run's logs (pgbench's, airflow dags test's) in its temporary directory",
+    )
     sizes = parser.add_argument_group("sizes (override the plan's)")
     sizes.add_argument("--retention", type=int, nargs="+", metavar="ELIGIBLE")
     sizes.add_argument(
@@ -372,7 +377,10 @@ def main(argv: Sequence[str]) -> int:
         bench.close()
         if own_server:
             pg.stop_embedded(BENCH_PGDATA)
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep_workdir:
+            log.info("logs kept in %s", workdir)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     print(report())
     print(f"\nwritten to {out}")
     return 1 if any(s.error for s in sections) else 0

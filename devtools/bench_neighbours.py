@@ -558,6 +558,8 @@ class Neighbours:
                 if not pgbench.alive():
                     raise BenchError(f"pgbench exited early:\n{pgbench.tail()}")
             proc = self.bench.dags_test(job.dag_id, db, {job.dag_id: job.base | config})
+            # beside pgbench's log of the same run: when the services slowed, and what the job did
+            (self.workdir / f"airflow_{tag}.log").write_text(proc.stdout, encoding="utf-8")
             window = job_window(proc.stdout, job)
             if pgbench is not None:
                 time.sleep(max(0.0, window.end + TAIL_SECONDS - time.time()))
