@@ -30,8 +30,9 @@ Three signals, read between batches on the loop's own connection (the first two 
 While other sessions are busy the loops also take turns, one batch at a time, so the job never
 takes more than one core and one stream of WAL from them; a run that finds them busy when it
 reads its baseline starts at half speed and earns the rest while the canary stays healthy.
-Nobody else there (other sessions active in fewer than one probe in ten of the last 5 s): no
-canary pacing, the loops run side by side at full speed. Reading the other sessions and the
+Nobody else there (other sessions running a statement, or done with one in the last 50 ms, in
+fewer than half the probes of the last 5 s): no pacing but the replica's, the loops run side by
+side at full speed. Reading the other sessions and the
 replicas needs ``pg_read_all_stats`` (in ``pg_monitor``); a role without it cannot tell its
 own load from its neighbours', so its run is not paced, and says so in one warning.
 Every pause takes its timeout from the run's deadline and ends on a stop.
@@ -62,12 +63,15 @@ RECENT_CANARIES = 5  # canaries whose mean is compared with it
 # Commit times differ by fractions of a millisecond from one probe to the next on an idle
 # server; nobody feels that, so the canary may exceed its limit by this much before it counts.
 CANARY_SLACK_SECONDS = 0.0005
-# The database is shared when other sessions were running a statement in at least this share of
-# the probes of the last NEIGHBOURS_WINDOW_SECONDS. Services' short transactions are caught by
-# some probes only (300 tx/s of 1 ms: about one probe in four); a monitor's heartbeat of one
-# short commit a second, by almost none.
+# The database is shared when other sessions were running a statement, or had finished one in the
+# last 50 ms (pacing/read_database_health.sql), in at least this share of the probes of the last
+# NEIGHBOURS_WINDOW_SECONDS. Services' short transactions are caught so by nearly every probe
+# (300 tx/s: a statement every few ms); a monitor polling a few times a second, by one in five;
+# a heartbeat of one commit a second, by one in twenty. Counting running statements only, a
+# probe caught the services one time in four, and the sparse probes of a paced crew took them
+# for gone now and then: the loops ran a burst at full speed.
 NEIGHBOURS_WINDOW_SECONDS = 5.0
-NEIGHBOURS_SHARE = 0.1
+NEIGHBOURS_SHARE = 0.5
 NICE_START = 0.5  # the first sleep, as a multiple of the batch's own time
 # A run that finds other sessions busy starts at this multiple (half speed, one loop at a time)
 # and earns the rest while the canary stays healthy: its first seconds are not a burst.

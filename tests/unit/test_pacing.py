@@ -134,8 +134,9 @@ def test_totals_name_the_reason_that_paced_longest():
     [
         ([], False),  # no probe yet
         ([False] * 20, False),  # nobody else there
-        ([True] + [False] * 19, False),  # a monitor's heartbeat caught once
-        ([True, False, False, False] * 5, True),  # services' short transactions, 1 probe in 4
+        ([True] + [False] * 19, False),  # a heartbeat of one commit a second, caught once
+        ([True, False, False, False] * 5, False),  # a monitor polling a few times a second
+        ([True] * 9 + [False], True),  # services' short transactions: nearly every probe
         ([True] * 20, True),  # a busy database
     ],
 )

@@ -1,6 +1,7 @@
 -- The pacing probe (include/pin_maintenance/pacing.py): this server's WAL position, the slowest
 -- streaming replica's replay position and lag, and how many other client sessions run a
--- statement now, not counting this job's own loops (its application_name, set in each of its
+-- statement now or finished one in the last 50 ms (a service between two short transactions is
+-- still there), not counting this job's own loops (its application_name, set in each of its
 -- transactions). Replicas' positions and other roles' sessions read as null / 0 to a role
 -- without pg_read_all_stats.
 select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') as wal_bytes,
@@ -13,7 +14,8 @@ select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0') as wal_bytes,
        (select count(*)
           from pg_stat_activity
          where backend_type = 'client backend'
-           and state = 'active'
+           and (state = 'active'
+                or state_change > clock_timestamp() - interval '50 milliseconds')
            and pid <> pg_backend_pid()
            and application_name is distinct from current_setting('application_name')
        ) as others_active
