@@ -497,7 +497,9 @@ class Pacer:
 
     def _read(self, conn: psycopg.Connection) -> Reading:
         canary = self._canary(conn) if self.limits.max_neighbour_slowdown else None
-        row = conn.execute(sql.load("pacing/read_database_health")).fetchone()
+        row = conn.execute(
+            sql.load("pacing/read_database_health"), {"own_pids": self._own_pids(conn)}
+        ).fetchone()
         if not conn.autocommit:
             conn.rollback()
         wal, replay, replay_lag, others = row
@@ -509,6 +511,14 @@ class Pacer:
             others_active=int(others) if self._stats_readable else None,
             canary_seconds=canary,
         )
+
+    def _own_pids(self, conn: psycopg.Connection) -> list[int]:
+        """The server processes of the crew's connections: between batches a loop's session is
+        idle under no application_name, and must not count as a neighbour that just finished a
+        statement. (Behind a pooler these are the pooler's own numbers and match nothing: the
+        loops' idle server connections may then count, which paces more, not less.)"""
+        conns = [conn, *self.connections.values()]
+        return sorted({c.info.backend_pid for c in conns})
 
     def _canary(self, conn: psycopg.Connection) -> float:
         started = self.clock()

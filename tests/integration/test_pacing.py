@@ -150,6 +150,41 @@ def test_the_first_batch_beside_busy_sessions_pays_for_its_wal(db):
     assert paced.totals.seconds[REASON_WAL_RATE] > 0
 
 
+def test_the_crews_own_loops_between_batches_are_not_neighbours(db):
+    # between batches a loop's session is idle under no application_name (the job sets its name
+    # per transaction), a statement just finished: by name alone it would read as a service
+    from include.pin_maintenance import sql
+
+    paced = pacer(PacingLimits(0, 0, max_wal_mb_per_second=8))
+    stop = threading.Event()
+    with (
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as conn,
+        psycopg.connect(db.url, autocommit=True) as sibling,
+    ):
+        paced.connections = {0: conn, 1: sibling}
+        own = paced._own_pids(conn)
+        assert own == sorted({conn.info.backend_pid, sibling.info.backend_pid})
+
+        def loop() -> None:
+            while not stop.is_set():
+                sibling.execute("select 1")
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        health = sql.load("pacing/read_database_health")
+        seen = []
+        try:
+            for _ in range(20):
+                named = conn.execute(health, {"own_pids": [conn.info.backend_pid]}).fetchone()
+                excluded = conn.execute(health, {"own_pids": own}).fetchone()
+                seen.append(named[3] - excluded[3])  # other workers' sessions come and go
+                time.sleep(0.01)
+        finally:
+            stop.set()
+            thread.join(10)
+    assert sum(1 for difference in seen if difference >= 1) >= 10, seen
+
+
 def test_an_idle_database_is_never_paced(db):
     paced = pacer(PacingLimits(max_replica_lag_seconds=2, max_neighbour_slowdown=2))
     with psycopg.connect(db.url, autocommit=True, application_name=APP) as conn:

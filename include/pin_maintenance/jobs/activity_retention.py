@@ -420,8 +420,8 @@ def _pacer(
         paced_metric_prefix=M_PACED_PREFIX,
         deadline_remaining=deadline.remaining,
     )
+    pacer.connections = dict(enumerate(conns))  # before the baseline: its own are not others
     pacer.start(conns[0])
-    pacer.connections = dict(enumerate(conns))
     return pacer
 
 
