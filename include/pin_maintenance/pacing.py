@@ -59,6 +59,7 @@ from include.pin_maintenance.telemetry import Telemetry
 PROBE_INTERVAL_SECONDS = 0.25  # the crew reads the signals at most this often
 REPLICA_RECHECK_SECONDS = 0.5  # a loop held by replica lag looks again this often
 BASELINE_CANARIES = 7  # canaries before the first batch: their median is the baseline
+BASELINE_SPACING_SECONDS = 0.025  # between them: the 7 span 150 ms, three of a 50 ms recency
 RECENT_CANARIES = 5  # canaries whose mean is compared with it
 # Commit times differ by fractions of a millisecond from one probe to the next on an idle
 # server; nobody feels that, so the canary may exceed its limit by this much before it counts.
@@ -287,6 +288,9 @@ class Pacer:
             return
         if self.limits.max_neighbour_slowdown:
             self._read_baseline(conn)
+        elif self.limits.max_wal_mb_per_second:
+            for reading in self._spaced_readings(conn):
+                self._remember(reading)
         else:
             self._remember(self._read(conn))
         with self._lock:
@@ -302,7 +306,7 @@ class Pacer:
 
     def _read_baseline(self, conn: psycopg.Connection) -> None:
         """The canary's baseline and whether the database is shared, before the first batch."""
-        readings = [self._read(conn) for _ in range(BASELINE_CANARIES)]
+        readings = self._spaced_readings(conn)
         self._baseline = statistics.median(r.canary_seconds or 0.0 for r in readings)
         with self._lock:
             for reading in readings:
@@ -322,6 +326,17 @@ class Pacer:
                 value=round(self._baseline * 1000, 3),
                 limit=round(self.limits.max_neighbour_slowdown * self._baseline * 1000, 3),
             )
+
+    def _spaced_readings(self, conn: psycopg.Connection) -> list[Reading]:
+        """:data:`BASELINE_CANARIES` readings :data:`BASELINE_SPACING_SECONDS` apart: back to
+        back they saw the same moment, and a monitor polling a few times a second, caught
+        just after a poll, made a run on an idle database start as if it were shared."""
+        readings = []
+        for index in range(BASELINE_CANARIES):
+            if index:
+                time.sleep(BASELINE_SPACING_SECONDS)
+            readings.append(self._read(conn))
+        return readings
 
     # -- between batches -------------------------------------------------------------------
 

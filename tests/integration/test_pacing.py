@@ -3,6 +3,7 @@ test_pacing_replica.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -19,6 +20,7 @@ from include.pin_maintenance.pacing import (
     REASON_WAL_RATE,
     Pacer,
     PacingLimits,
+    Reading,
 )
 from include.pin_maintenance.pacing_config import PACING_OFF
 from include.pin_maintenance.parallel import BatchBudget, Deadline, run_batch_loops
@@ -183,6 +185,37 @@ def test_the_crews_own_loops_between_batches_are_not_neighbours(db):
             stop.set()
             thread.join(10)
     assert sum(1 for difference in seen if difference >= 1) >= 10, seen
+
+
+class MonitorJustPolled(Pacer):
+    """The probe as it is, but the others it counts are one monitor that polled at ``polled_at``
+    (seen while its statement is within the probe's 50 ms recency), whatever else is there."""
+
+    polled_at = 0.0
+
+    def _read(self, conn: psycopg.Connection) -> Reading:
+        reading = super()._read(conn)
+        recent = self.clock() - self.polled_at < 0.05
+        return dataclasses.replace(reading, others_active=int(recent))
+
+
+def test_a_monitor_that_polled_just_before_the_start_does_not_make_the_database_shared(db):
+    telemetry = Telemetry.local(JobLog("pacing_test", "run-1"), RecordingMetrics())
+    for limits in (
+        PacingLimits(0, max_neighbour_slowdown=2),
+        PacingLimits(0, 0, max_wal_mb_per_second=8),
+    ):
+        paced = MonitorJustPolled(
+            limits,
+            telemetry,
+            paced_metric_prefix="pacing_test_paced",
+            deadline_remaining=lambda: 60,
+        )
+        with psycopg.connect(db.url, autocommit=True, application_name=APP) as conn:
+            paced.polled_at = time.monotonic()
+            paced.start(conn)
+        assert sum(active for _, active in paced._others) >= 1  # it was seen, early on
+        assert not paced._shared, limits
 
 
 def test_an_idle_database_is_never_paced(db):
