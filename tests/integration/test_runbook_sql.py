@@ -393,6 +393,32 @@ def _slot_replicas(db: Database, block: Block) -> None:
     assert psql(db, block).rows() == []
 
 
+@check("slot-expiration-backlog.md", "as wal_mb_per_s")
+def _slot_wal_rate(db: Database, block: Block) -> None:
+    # a session writing WAL throughout: 2,000 slots a statement, a few MB/s at least
+    stop = threading.Event()
+
+    def write() -> None:
+        with psycopg.connect(db.url, autocommit=True) as conn:
+            while not stop.is_set():
+                conn.execute(
+                    "insert into calendar.availability_slots (id, tenant_id, consultant_id,"
+                    " start_at, end_at, status, version, created_at, updated_at)"
+                    " select gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), now(),"
+                    " now(), 'Booked', 1, now(), now() from generate_series(1, 2000)"
+                )
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        run = psql(db, block)
+    finally:
+        stop.set()
+        writer.join(30)
+    (row,) = run.rows(1)  # after the pg_sleep
+    assert float(row["wal_mb_per_s"]) > 0.1, row
+
+
 @check("slot-expiration-backlog.md", "group by application_name order by count(*) desc")
 def _slot_busy_sessions(db: Database, block: Block) -> None:
     started = threading.Event()
