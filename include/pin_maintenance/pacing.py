@@ -533,7 +533,7 @@ class Pacer:
         statement. (Behind a pooler these are the pooler's own numbers and match nothing: the
         loops' idle server connections may then count, which paces more, not less.)"""
         conns = [conn, *self.connections.values()]
-        return sorted({c.info.backend_pid for c in conns})
+        return sorted({c.info.backend_pid for c in conns if not c.closed})
 
     def _canary(self, conn: psycopg.Connection) -> float:
         started = self.clock()
