@@ -68,9 +68,9 @@ CANARY_SLACK_SECONDS = 0.0005
 # last 50 ms (pacing/read_database_health.sql), in at least this share of the probes of the last
 # NEIGHBOURS_WINDOW_SECONDS. Services' short transactions are caught so by nearly every probe
 # (300 tx/s: a statement every few ms); a monitor polling a few times a second, by one in five;
-# a heartbeat of one commit a second, by one in twenty. Counting running statements only, a
-# probe caught the services one time in four, and the sparse probes of a paced crew took them
-# for gone now and then: the loops ran a burst at full speed.
+# a heartbeat of one commit a second, by one in twenty. Running statements alone are caught by
+# one probe in four: too few for a paced crew's sparse probes, which would take the services for
+# gone and let the loops burst.
 NEIGHBOURS_WINDOW_SECONDS = 5.0
 NEIGHBOURS_SHARE = 0.5
 NICE_START = 0.5  # the first sleep, as a multiple of the batch's own time
@@ -299,10 +299,7 @@ class Pacer:
             # the bucket opens before the first batch, so that batch's WAL is paid after it
             # like every other's: at each step's start the loops would otherwise run two or
             # three batches back to back before the first debt shows
-            now, position = self._read_wal(conn)
-            with self._lock:
-                self._wal_read, self._wal_paid_until = (now, position), now
-                self._wal_recent.append((now, position))
+            self._charge_wal(*self._read_wal(conn))
 
     def _read_baseline(self, conn: psycopg.Connection) -> None:
         """The canary's baseline and whether the database is shared, before the first batch."""
@@ -328,9 +325,9 @@ class Pacer:
             )
 
     def _spaced_readings(self, conn: psycopg.Connection) -> list[Reading]:
-        """:data:`BASELINE_CANARIES` readings :data:`BASELINE_SPACING_SECONDS` apart: back to
-        back they saw the same moment, and a monitor polling a few times a second, caught
-        just after a poll, made a run on an idle database start as if it were shared."""
+        """:data:`BASELINE_CANARIES` readings :data:`BASELINE_SPACING_SECONDS` apart, so that
+        they see more than one moment: back to back, a monitor polling a few times a second,
+        caught just after a poll, would make a run on an idle database start as if shared."""
         readings = []
         for index in range(BASELINE_CANARIES):
             if index:
@@ -414,6 +411,23 @@ class Pacer:
             self._wal_resumed()
             return 0.0
         now, position = self._read_wal(conn)
+        debt, first_pause = self._charge_wal(now, position)
+        if debt <= 0:
+            self._wal_resumed()
+            return 0.0
+        if first_pause:
+            self.telemetry.log.info(
+                "job_paced",
+                reason=REASON_WAL_RATE,
+                value=round(self._wal_rate() / MEGABYTE, 1),
+                limit=self.limits.max_wal_mb_per_second,
+            )
+        return min(debt, NICE_MAX * batch_seconds)
+
+    def _charge_wal(self, now: float, position: int) -> tuple[float, bool]:
+        """Fold a WAL position read at ``now`` into the bucket (the first read opens it); the
+        seconds of debt, and whether this is the first debt since the crew was last at its own
+        pace."""
         budget = self.limits.max_wal_mb_per_second * MEGABYTE
         with self._lock:
             if self._wal_read is None:
@@ -433,17 +447,7 @@ class Pacer:
             first_pause = debt > 0 and self._wal_paced_at is None
             if first_pause:
                 self._wal_paced_at = now
-        if debt <= 0:
-            self._wal_resumed()
-            return 0.0
-        if first_pause:
-            self.telemetry.log.info(
-                "job_paced",
-                reason=REASON_WAL_RATE,
-                value=round(self._wal_rate() / MEGABYTE, 1),
-                limit=self.limits.max_wal_mb_per_second,
-            )
-        return min(debt, NICE_MAX * batch_seconds)
+        return debt, first_pause
 
     def _read_wal(self, conn: psycopg.Connection) -> tuple[float, int]:
         """(now, the server's WAL insert position in bytes)."""
