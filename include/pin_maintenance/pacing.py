@@ -209,7 +209,7 @@ def canary_slow(recent: Sequence[float], baseline: float, limit: float) -> bool:
 
 @dataclass
 class PaceTotals:
-    """Time the loops spent paced, by reason (summed over loops), for the run's result."""
+    """Time the crew spent paced (no loop starting a batch), by reason, for the run's result."""
 
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REASONS, 0.0))
 
@@ -258,7 +258,9 @@ class Pacer:
         self._nice = 0.0
         self._shared = False  # other sessions busy in enough recent probes
         self._turn = threading.Lock()  # held by the loop whose batch runs, while taking turns
-        self._turn_since = 0.0  # when the turn was last taken
+        self._turn_lane: int | None = None  # the lane holding it
+        self._turn_since = 0.0  # when its batch started (inf while it is pacing, not stuck)
+        self._resume_at = 0.0  # the crew's pause: no loop starts a batch before this
         self._batch_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
         # the WAL-rate bucket: the last WAL position read while shared, when all WAL read so
         # far is paid for, recent positions for the rate a log line reports, and the end of
@@ -339,10 +341,12 @@ class Pacer:
 
     @contextlib.contextmanager
     def turn(self, lane: Lane) -> Iterator[None]:
-        """:class:`parallel.BatchPacing`'s turn: while other sessions are busy and the canary
-        is on, the loops take turns, one batch at a time, so the job never takes more than one
-        core and one stream of WAL from the services beside it. A batch stuck in its turn past
-        :meth:`_turn_patience` does not hold the others back."""
+        """:class:`parallel.BatchPacing`'s turn: no loop starts a batch during the crew's pause;
+        while other sessions are busy and the canary is on, the loops also take turns, one batch
+        at a time, so the job never takes more than one core and one stream of WAL from the
+        services beside it. A batch stuck in its turn past :meth:`_turn_patience` does not hold
+        the others back."""
+        self._wait_for_resume(lane.stop)
         with self._lock:
             taking_turns = self._shared and bool(self.limits.max_neighbour_slowdown)
         if not taking_turns:
@@ -357,10 +361,12 @@ class Pacer:
                 return
             acquired = self._turn.acquire(timeout=TURN_WAIT_SECONDS)
         with self._lock:
-            self._turn_since = self.clock()
+            self._turn_lane, self._turn_since = lane.index, self.clock()
         try:
             yield
         finally:
+            with self._lock:
+                self._turn_lane = None
             self._turn.release()
 
     def _turn_patience(self) -> float:
@@ -372,11 +378,16 @@ class Pacer:
         self.after_batch(lane.index, lane.stop, batch_seconds)
 
     def after_batch(self, lane_index: int, stop: StopSignal, batch_seconds: float) -> None:
-        """Hold while a replica is behind; then sleep the current multiple of the batch time."""
+        """Hold while a replica is behind; then pause the crew for the current multiple of the
+        batch time, or until its WAL is paid for. The pause is the crew's, not the loop's: no
+        loop starts a batch before it ends (one loop's sleep alone would let the others' batches
+        follow back to back, and a crew of three at 1x would pace nothing at all)."""
         if self.limits.off or not self._stats_readable:
             return
         with self._lock:
             self._batch_seconds.append(batch_seconds)
+            if self._turn_lane == lane_index:
+                self._turn_since = float("inf")  # pacing in its turn: not a stuck batch
         conn = self.connections.get(lane_index)
         if conn is None:
             return
@@ -391,11 +402,30 @@ class Pacer:
         reason = REASON_WAL_RATE if wal_pause > nice_pause else REASON_NEIGHBOUR_LATENCY
         pause = min(max(nice_pause, wal_pause), self.deadline_remaining())
         if pause > 0:
-            stop.wait(pause)
-            self._account(reason, pause)
+            self._account(reason, self._pause_crew(pause, stop))
             if reason == REASON_WAL_RATE:
                 with self._lock:
                     self._wal_paced_at = self.clock()
+
+    def _pause_crew(self, seconds: float, stop: StopSignal) -> float:
+        """Pause the crew for ``seconds`` from now (a pause under way may already cover part
+        of it) and wait it out; the crew's time this added, counted once however many loops
+        paused it."""
+        with self._lock:
+            now = self.clock()
+            added = max(0.0, now + seconds - max(self._resume_at, now))
+            self._resume_at = max(self._resume_at, now + seconds)
+        self._wait_for_resume(stop)
+        return added
+
+    def _wait_for_resume(self, stop: StopSignal) -> None:
+        """Wait until the crew's pause is over (or a stop)."""
+        while not stop.is_set():
+            with self._lock:
+                left = self._resume_at - self.clock()
+            if left <= 0:
+                return
+            stop.wait(left)
 
     def _wal_debt(self, conn: psycopg.Connection, batch_seconds: float) -> float:
         """Charge the WAL written since the last read to the bucket; the seconds until it is
@@ -476,7 +506,7 @@ class Pacer:
 
     def _hold_for_replica(self, conn: psycopg.Connection, stop: StopSignal) -> None:
         limit = self.limits.max_replica_lag_seconds
-        held = 0.0
+        held, holding = 0.0, False
         while not stop.is_set():
             with self._lock:
                 lag = self._lag()
@@ -485,18 +515,17 @@ class Pacer:
             left = self.deadline_remaining()
             if left <= 0:
                 break
-            if not held:
+            if not holding:
+                holding = True
                 self.telemetry.log.info(
                     "job_paced",
                     reason=REASON_REPLICA_LAG,
                     value=round(lag, 3),
                     limit=limit,
                 )
-            wait = min(REPLICA_RECHECK_SECONDS, left)
-            stop.wait(wait)
-            held += wait
+            held += self._pause_crew(min(REPLICA_RECHECK_SECONDS, left), stop)
             self._probe_if_due(conn)
-        if held:
+        if holding:
             self._account(REASON_REPLICA_LAG, held)
             self.telemetry.log.info(
                 "job_resumed", reason=REASON_REPLICA_LAG, paced_ms=round(held * 1000)

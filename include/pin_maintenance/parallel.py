@@ -216,7 +216,8 @@ class BatchPacing(Protocol):
         ...
 
     def pace(self, lane: Lane, batch_seconds: float) -> None:
-        """Runs after each full batch, before the next one is taken: may wait."""
+        """Runs after each full batch, inside its turn, before the next one is taken: may
+        wait."""
         ...
 
 
@@ -238,7 +239,7 @@ def run_batch_loops(
     bound, then drained. A sibling's failure is re-raised by :func:`run_lanes`.
     ``pacing`` is where a job waits for the database's other users: each batch runs inside
     its ``turn`` (checks included, so a loop that waited for its turn checks afresh) and its
-    ``pace`` runs after each full batch.
+    ``pace`` runs after each full batch, still in the turn.
     """
 
     def loop(lane: Lane, batch: Callable[[Lane], bool]) -> StopReason:
@@ -253,8 +254,8 @@ def run_batch_loops(
                 started = time.monotonic()
                 if not batch(lane):
                     return StopReason.DRAINED
-            if pacing is not None:
-                pacing.pace(lane, time.monotonic() - started)
+                if pacing is not None:  # in the turn: the crew's next batch follows the pause
+                    pacing.pace(lane, time.monotonic() - started)
 
     lanes = [lambda lane, batch=batch: loop(lane, batch) for batch in batches]
     reasons = run_lanes(lanes, stop=stop, deadline=deadline, grace_seconds=grace_seconds)

@@ -4,6 +4,7 @@ test_pacing_replica.py)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -230,29 +231,36 @@ def test_an_idle_database_is_never_paced(db):
     assert paced.totals.seconds.get("replica_lag", 0) == 0
 
 
-def most_batches_at_once(pacer: Pacer, conns: list[psycopg.Connection]) -> int:
-    """Run two loops of 20 ms batches, 16 in all, under ``pacer``; the most that overlapped."""
-    lock, running, most = threading.Lock(), [0], [0]
+def run_timed_batches(
+    pacer: Pacer, conns: list[psycopg.Connection], batches: int = 16
+) -> list[tuple[float, float]]:
+    """Run one loop per connection, ``batches`` batches of 20 ms in all, under ``pacer``; each
+    batch's (start, end), in the order they started."""
+    lock, spans = threading.Lock(), []
     pacer.connections = dict(enumerate(conns))
 
     def batch(lane) -> bool:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
+        started = time.monotonic()
         time.sleep(0.02)
         with lock:
-            running[0] -= 1
+            spans.append((started, time.monotonic()))
         return True
 
     run_batch_loops(
-        [batch, batch],
+        [batch] * len(conns),
         stop=StopSignal(),
         deadline=Deadline(60),
-        budget=BatchBudget(16),
+        budget=BatchBudget(batches),
         grace_seconds=1,
         pacing=pacer,
     )
-    return most[0]
+    return sorted(spans)
+
+
+def most_batches_at_once(pacer: Pacer, conns: list[psycopg.Connection]) -> int:
+    """Run two loops of 20 ms batches, 16 in all, under ``pacer``; the most that overlapped."""
+    spans = run_timed_batches(pacer, conns)
+    return max(sum(1 for s, e in spans if s <= started < e) for started, _ in spans)
 
 
 def test_loops_take_turns_beside_busy_sessions_and_run_side_by_side_without_them(db, caplog):
@@ -274,6 +282,26 @@ def test_loops_take_turns_beside_busy_sessions_and_run_side_by_side_without_them
     lines = [r.getMessage() for r in caplog.records]
     baselines = [line for line in lines if line.startswith("event=pacing_baseline ")]
     assert "database_shared=False" in baselines[0] and "database_shared=True" in baselines[1]
+
+
+def test_a_pause_holds_the_whole_crew_not_only_the_loop_that_paced(db):
+    # three loops taking turns at 1x their batch time: were the pause one loop's sleep, the
+    # other two would run their batches meanwhile and the database would see no gap at all
+    limits = PacingLimits(max_replica_lag_seconds=0, max_neighbour_slowdown=2)
+    with (
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as first,
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as second,
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as third,
+        busy(db.url, [CPU_HOG]),
+    ):
+        polite = pacer(limits)
+        polite.start(first)
+        assert polite._nice == NICE_SHARED_START
+        spans = run_timed_batches(polite, [first, second, third])
+    idle = sum(max(0.0, later[0] - earlier[1]) for earlier, later in itertools.pairwise(spans))
+    paced = polite.totals.seconds[REASON_NEIGHBOUR_LATENCY]
+    assert paced > 0.05  # 15 pauses, from 1x a 20 ms batch, decaying a quarter a probe
+    assert idle >= 0.9 * paced, (idle, paced)
 
 
 def test_a_stuck_batch_does_not_hold_the_other_loops_back(db):
