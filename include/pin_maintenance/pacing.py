@@ -16,16 +16,19 @@ Three signals, read between batches on the loop's own connection (the first two 
   the WAL flush. Its mean over the last probes (a mean, not a median: the services feel the
   tail), against its median before the first batch, says how much slower the database answers
   everyone because of the job. While other sessions are active and the canary is slower than
-  ``max_neighbour_slowdown`` times its baseline, each
-  loop sleeps a multiple of its own batch time after each batch (gh-ost's ``nice-ratio``,
-  pt-archiver's ``--sleep-coef``); the multiple doubles while the canary stays slow and decays
-  once it is back, so the drain takes what the database can spare.
+  ``max_neighbour_slowdown`` times its baseline, the crew pauses after each batch for a
+  multiple of that batch's time (gh-ost's ``nice-ratio``, pt-archiver's ``--sleep-coef``); the
+  multiple doubles while the canary stays slow and decays once it is back, so the drain takes
+  what the database can spare.
 - **WAL rate.** The services' commits wait for the WAL flush, and a drain's WAL queues ahead of
   theirs (the job commits without waiting, so the WAL writer flushes it in large writes). While
   other sessions are active, the database's WAL (everyone's, read as
   ``pg_current_wal_insert_lsn()`` after each batch) is held to ``max_wal_mb_per_second`` by a
-  leaky bucket: each loop sleeps after a batch until the WAL written so far is paid for at that
+  leaky bucket: after a batch the crew pauses until the WAL written so far is paid for at that
   rate (GitLab's batched migrations' WAL-rate indicator, vacuum's cost delay).
+
+A pause is the crew's: no loop starts a batch until it is over, so the database sees the
+job's batches with the gaps the rule asks for, however many loops there are.
 
 While other sessions are busy the loops also take turns, one batch at a time, so the job never
 takes more than one core and one stream of WAL from them; a run that finds them busy when it
@@ -85,6 +88,13 @@ RECENT_BATCHES = 8  # batch times whose median sets the patience
 NICE_MAX = 20.0  # at most this multiple (of a WAL-rate sleep too): 1/21 of the pace stays
 NICE_DECAY = 0.75  # each healthy probe shortens the sleep by this factor
 NICE_FLOOR = 0.05  # below this, no sleep at all
+# While others use the database, a batch is sized to take about this long (pt-archiver's
+# --chunk-time, GitLab's batch sizing): a service transaction that meets a batch waits less
+# behind a short one, and its commit flushes less of the job's WAL. At the same WAL budget,
+# batches of 500 slots (about 10 ms) cost the services' p99 2.8x its baseline against 4.0x for
+# batches of 2000 (docs/benchmarks.md, notes).
+SHARED_BATCH_SECONDS = 0.01
+SHARED_BATCH_MIN = 50  # rows (sessions) a sized batch takes at least
 HISTORY_SECONDS = 3600.0  # WAL positions kept for the lag estimate (one every probe)
 WAL_DEBT_MAX_SECONDS = 2.0  # the WAL-rate bucket's depth, in seconds of the budget
 WAL_RATE_WINDOW_SECONDS = 2.0  # the WAL rate a log line reports is over this window
@@ -193,6 +203,16 @@ def next_nice(nice: float, *, slow: bool) -> float:
     return nice if nice >= NICE_FLOOR else 0.0
 
 
+def shared_batch_size(seconds_per_row: float | None, batch_size: int) -> int:
+    """A batch's size while others use the database: what takes about
+    :data:`SHARED_BATCH_SECONDS` at the recent batches' pace (at least
+    :data:`SHARED_BATCH_MIN`, at most ``batch_size``); the minimum before any batch was timed."""
+    floor = min(batch_size, SHARED_BATCH_MIN)
+    if not seconds_per_row or seconds_per_row <= 0:
+        return floor
+    return max(floor, min(batch_size, round(SHARED_BATCH_SECONDS / seconds_per_row)))
+
+
 def database_shared(others_active: Sequence[bool]) -> bool:
     """Whether other sessions ran statements in enough of the recent probes."""
     if not others_active:
@@ -238,9 +258,11 @@ class Pacer:
         *,
         paced_metric_prefix: str,
         deadline_remaining: Callable[[], float],
+        batch_size: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
+        self.batch_size = batch_size  # the job's own; None: batches are not sized
         self.telemetry = telemetry
         self.paced_metric_prefix = paced_metric_prefix
         self.deadline_remaining = deadline_remaining
@@ -262,6 +284,8 @@ class Pacer:
         self._turn_since = 0.0  # when its batch started (inf while it is pacing, not stuck)
         self._resume_at = 0.0  # the crew's pause: no loop starts a batch before this
         self._batch_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
+        self._row_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)  # a batch's time per row
+        self._lane_limits: dict[int, int] = {}  # the size each lane's batch was given
         # the WAL-rate bucket: the last WAL position read while shared, when all WAL read so
         # far is paid for, recent positions for the rate a log line reports, and the end of
         # the last WAL-rate sleep while the crew is paced by it
@@ -369,6 +393,23 @@ class Pacer:
                 self._turn_lane = None
             self._turn.release()
 
+    def batch_limit(self, lane: Lane) -> int | None:
+        """:class:`parallel.BatchPacing`'s batch size: the job's own ``batch_size`` alone,
+        :func:`shared_batch_size` while others use the database and a signal that protects them
+        (the canary or the WAL budget) is on."""
+        if self.batch_size is None:
+            return None
+        with self._lock:
+            polite = (
+                self._stats_readable
+                and self._shared
+                and bool(self.limits.max_neighbour_slowdown or self.limits.max_wal_mb_per_second)
+            )
+            per_row = statistics.median(self._row_seconds) if self._row_seconds else None
+            limit = shared_batch_size(per_row, self.batch_size) if polite else self.batch_size
+            self._lane_limits[lane.index] = limit
+        return limit
+
     def _turn_patience(self) -> float:
         recent = statistics.median(self._batch_seconds) if self._batch_seconds else 0.0
         return max(TURN_PATIENCE_SECONDS, 3 * recent)
@@ -377,15 +418,21 @@ class Pacer:
         """:class:`parallel.BatchPacing`'s pace: :meth:`after_batch` for the lane."""
         self.after_batch(lane.index, lane.stop, batch_seconds)
 
-    def after_batch(self, lane_index: int, stop: StopSignal, batch_seconds: float) -> None:
+    def after_batch(
+        self, lane_index: int, stop: StopSignal, batch_seconds: float, rows: int | None = None
+    ) -> None:
         """Hold while a replica is behind; then pause the crew for the current multiple of the
         batch time, or until its WAL is paid for. The pause is the crew's, not the loop's: no
         loop starts a batch before it ends (one loop's sleep alone would let the others' batches
-        follow back to back, and a crew of three at 1x would pace nothing at all)."""
+        follow back to back, and a crew of three at 1x would pace nothing at all). ``rows``: the
+        batch's size, when :meth:`batch_limit` did not give it."""
         if self.limits.off or not self._stats_readable:
             return
         with self._lock:
             self._batch_seconds.append(batch_seconds)
+            rows = rows or self._lane_limits.get(lane_index)
+            if rows:  # a full batch: it took this long for its rows
+                self._row_seconds.append(batch_seconds / rows)
             if self._turn_lane == lane_index:
                 self._turn_since = float("inf")  # pacing in its turn: not a stuck batch
         conn = self.connections.get(lane_index)

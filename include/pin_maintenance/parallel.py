@@ -78,6 +78,8 @@ class Lane:
     stop: StopSignal
     deadline: Deadline
     _crew: _Crew = field(repr=False)
+    # the size of the lane's next batch when pacing sets one (None: the job's batch_size)
+    batch_limit: int | None = None
 
     def on_cancel(self, hook: Callable[[], object]) -> None:
         """Run ``hook`` (from another thread) when the crew is cancelled: it must interrupt
@@ -191,19 +193,23 @@ def _join(events: Sequence[threading.Event], seconds: float) -> None:
 
 
 class BatchBudget:
-    """A bound on the batches a crew of loops may take together (None: no bound)."""
+    """A bound on the batches a crew of loops may take together (None: no bound), counted in
+    batches of ``batch_size``: a smaller batch takes its share, so the bound stays one of rows."""
 
-    def __init__(self, limit: int | None) -> None:
+    def __init__(self, limit: int | None, batch_size: int | None = None) -> None:
         self.limit = limit
-        self.taken = 0
+        self.batch_size = batch_size
+        self.taken = 0.0
         self._lock = threading.Lock()
 
-    def take(self) -> bool:
-        """Take one batch of the budget; False when it is spent."""
+    def take(self, rows: int | None = None) -> bool:
+        """Take a batch of ``rows`` (None: a whole one) from the budget; False when it is
+        spent."""
+        share = 1.0 if rows is None or not self.batch_size else rows / self.batch_size
         with self._lock:
-            if self.limit is not None and self.taken >= self.limit:
+            if self.limit is not None and self.taken >= self.limit - 1e-9:
                 return False
-            self.taken += 1
+            self.taken += share
             return True
 
 
@@ -213,6 +219,10 @@ class BatchPacing(Protocol):
     def turn(self, lane: Lane) -> AbstractContextManager[None]:
         """Held around each batch: may make the loops take turns. Must return on the lane's
         stop (then without a turn)."""
+        ...
+
+    def batch_limit(self, lane: Lane) -> int | None:
+        """The size of the lane's next batch (None: the job's own batch_size)."""
         ...
 
     def pace(self, lane: Lane, batch_seconds: float) -> None:
@@ -239,7 +249,9 @@ def run_batch_loops(
     bound, then drained. A sibling's failure is re-raised by :func:`run_lanes`.
     ``pacing`` is where a job waits for the database's other users: each batch runs inside
     its ``turn`` (checks included, so a loop that waited for its turn checks afresh) and its
-    ``pace`` runs after each full batch, still in the turn.
+    ``pace`` runs after each full batch, still in the turn; its ``batch_limit`` sets the size
+    of the lane's next batch (``lane.batch_limit``, which the batch reads), and the budget
+    counts it by its share of a whole one.
     """
 
     def loop(lane: Lane, batch: Callable[[Lane], bool]) -> StopReason:
@@ -249,7 +261,8 @@ def run_batch_loops(
                     return StopReason.CANCELLED
                 if budget.taken and deadline.expired():
                     return StopReason.MAX_DURATION
-                if not budget.take():
+                lane.batch_limit = pacing.batch_limit(lane) if pacing is not None else None
+                if not budget.take(lane.batch_limit):
                     return StopReason.MAX_BATCHES
                 started = time.monotonic()
                 if not batch(lane):

@@ -19,6 +19,8 @@ from include.pin_maintenance.pacing import (
     PROBE_INTERVAL_SECONDS,
     REASON_NEIGHBOUR_LATENCY,
     REASON_WAL_RATE,
+    SHARED_BATCH_MIN,
+    SHARED_BATCH_SECONDS,
     Pacer,
     PacingLimits,
     Reading,
@@ -302,6 +304,59 @@ def test_a_pause_holds_the_whole_crew_not_only_the_loop_that_paced(db):
     paced = polite.totals.seconds[REASON_NEIGHBOUR_LATENCY]
     assert paced > 0.05  # 15 pauses, from 1x a 20 ms batch, decaying a quarter a probe
     assert idle >= 0.9 * paced, (idle, paced)
+
+
+def test_batches_beside_busy_sessions_are_sized_to_the_target_time_and_whole_without_them(db):
+    # 0.1 ms a row: 1000 rows take 100 ms, the target time's worth is about 100 rows
+    limits = PacingLimits(max_replica_lag_seconds=0, max_neighbour_slowdown=2)
+    row_seconds, target_rows = 0.0001, round(SHARED_BATCH_SECONDS / 0.0001)
+
+    def sized(paced: Pacer, conns: list[psycopg.Connection]) -> list:
+        sizes = []
+
+        def batch(lane) -> bool:
+            time.sleep(lane.batch_limit * row_seconds)
+            sizes.append(lane.batch_limit)
+            return len(sizes) < 12
+
+        paced.connections = dict(enumerate(conns))
+        run_batch_loops(
+            [batch] * len(conns),
+            stop=StopSignal(),
+            deadline=Deadline(60),
+            budget=BatchBudget(None),
+            grace_seconds=1,
+            pacing=paced,
+        )
+        return sizes
+
+    with (
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as first,
+        psycopg.connect(db.url, autocommit=True, application_name=APP) as second,
+    ):
+        alone = Pacer(
+            limits,
+            Telemetry.local(JobLog("pacing_test", "run-1"), RecordingMetrics()),
+            paced_metric_prefix="pacing_test_paced",
+            deadline_remaining=lambda: 60.0,
+            batch_size=1000,
+        )
+        alone.start(first)
+        assert set(sized(alone, [first, second])) == {1000}
+        with busy(db.url, [CPU_HOG]):
+            polite = Pacer(
+                limits,
+                Telemetry.local(JobLog("pacing_test", "run-1"), RecordingMetrics()),
+                paced_metric_prefix="pacing_test_paced",
+                deadline_remaining=lambda: 60.0,
+                batch_size=1000,
+            )
+            polite.start(first)
+            sizes = sized(polite, [first, second])
+    assert sizes[0] == SHARED_BATCH_MIN  # nothing timed yet: the first batch is the smallest
+    # then what takes the target time at the batches' own pace (sleeps overshoot: not more)
+    assert all(SHARED_BATCH_MIN <= size <= target_rows for size in sizes[1:]), sizes
+    assert max(sizes[1:]) >= target_rows // 2, sizes
 
 
 def test_a_stuck_batch_does_not_hold_the_other_loops_back(db):

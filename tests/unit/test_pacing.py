@@ -8,6 +8,8 @@ from include.pin_maintenance.pacing import (
     CANARY_SLACK_SECONDS,
     NICE_MAX,
     NICE_START,
+    SHARED_BATCH_MIN,
+    SHARED_BATCH_SECONDS,
     WAL_DEBT_MAX_SECONDS,
     PaceTotals,
     PacingLimits,
@@ -16,6 +18,7 @@ from include.pin_maintenance.pacing import (
     database_shared,
     next_nice,
     replica_lag_seconds,
+    shared_batch_size,
     wal_paid_until,
 )
 
@@ -142,3 +145,17 @@ def test_totals_name_the_reason_that_paced_longest():
 )
 def test_the_database_is_shared_when_others_are_active_in_enough_probes(probes, shared):
     assert database_shared(probes) is shared
+
+
+@pytest.mark.parametrize(
+    ("seconds_per_row", "batch_size", "size"),
+    [
+        (None, 2000, SHARED_BATCH_MIN),  # nothing timed yet: the smallest
+        (SHARED_BATCH_SECONDS / 500, 2000, 500),  # what takes the target time
+        (SHARED_BATCH_SECONDS / 500, 300, 300),  # never more than the job's own
+        (SHARED_BATCH_SECONDS / 5, 2000, SHARED_BATCH_MIN),  # slow rows: never less than this
+        (None, 20, 20),  # a job's batch smaller than the minimum stays as it is
+    ],
+)
+def test_a_shared_batch_takes_about_the_target_time(seconds_per_row, batch_size, size):
+    assert shared_batch_size(seconds_per_row, batch_size) == size

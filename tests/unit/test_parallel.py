@@ -291,11 +291,16 @@ def test_the_crew_reports_its_strongest_stop_reason(reasons, expected):
 
 
 class RecordingPacing:
-    """A pacing that notes what ran inside its turns and after which batches it paced."""
+    """A pacing that notes what ran inside its turns and after which batches it paced, and
+    sizes every batch at ``limit``."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self.events: list[str] = []
         self.inside = False
+        self.limit = limit
+
+    def batch_limit(self, lane):
+        return self.limit
 
     @contextlib.contextmanager
     def turn(self, lane):
@@ -307,11 +312,11 @@ class RecordingPacing:
             self.inside = False
 
     def pace(self, lane, batch_seconds):
-        assert not self.inside
+        assert self.inside  # the pause holds the turn: the crew's next batch follows it
         self.events.append(f"pace {batch_seconds >= 0.01}")
 
 
-def test_each_batch_runs_inside_a_turn_and_only_full_batches_are_paced():
+def test_each_batch_and_its_pause_run_inside_a_turn_and_only_full_batches_are_paced():
     pacing = RecordingPacing()
     calls = []
 
@@ -331,6 +336,32 @@ def test_each_batch_runs_inside_a_turn_and_only_full_batches_are_paced():
     )
     assert reason is StopReason.DRAINED
     assert pacing.events == ["turn", "pace True", "turn", "pace True", "turn"]
+
+
+def test_a_batch_sized_by_pacing_takes_its_share_of_the_budget():
+    # a budget of 2 batches of 100: batches of 40 fit five times (200 rows), not twice
+    pacing = RecordingPacing(limit=40)
+    sizes = []
+
+    def batch(lane):
+        sizes.append(lane.batch_limit)
+        return True
+
+    reason = run_batch_loops(
+        [batch],
+        stop=StopSignal(),
+        deadline=Deadline(60),
+        budget=BatchBudget(2, batch_size=100),
+        grace_seconds=1,
+        pacing=pacing,
+    )
+    assert reason is StopReason.MAX_BATCHES
+    assert sizes == [40] * 5
+
+
+def test_a_budget_without_a_batch_size_counts_whole_batches():
+    budget = BatchBudget(2)
+    assert budget.take(10) and budget.take(10) and not budget.take(10)
 
 
 def test_a_stop_seen_inside_the_turn_ends_the_loop_before_its_batch():

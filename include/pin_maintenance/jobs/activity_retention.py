@@ -419,6 +419,7 @@ def _pacer(
         run.telemetry,
         paced_metric_prefix=M_PACED_PREFIX,
         deadline_remaining=deadline.remaining,
+        batch_size=plan.batch_size,
     )
     pacer.connections = dict(enumerate(conns))  # before the baseline: its own are not others
     pacer.start(conns[0])

@@ -123,7 +123,7 @@ class StepResult:
     # run cover no session past it; None = no batch claimed
     last_ended_at: str | None = None
     last_id: str | None = None
-    paced_ms: int = 0  # time its loops spent paced, summed over loops
+    paced_ms: int = 0  # time its loops spent paced (no loop running a batch)
 
     def covered(self) -> tuple[datetime, uuid.UUID] | None:
         """The last (ended_at, id) this step covered, or None when it covered everything."""

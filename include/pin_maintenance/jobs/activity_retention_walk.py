@@ -142,7 +142,7 @@ class KeysetWalk:
             [_LaneBatch(self, conn, parent) for conn in conns],
             stop=self.stop,
             deadline=self.deadline,
-            budget=BatchBudget(self.plan.max_batches_per_run),
+            budget=BatchBudget(self.plan.max_batches_per_run, self.plan.batch_size),
             grace_seconds=STOP_GRACE_SECONDS,
             pacing=pacer,
         )
@@ -174,17 +174,18 @@ class KeysetWalk:
 
     def batch(self, lane: Lane, conn: psycopg.Connection) -> bool:
         """Claim, delete and commit one batch on ``conn``; True when it was full."""
-        batch = self._claim(lane, conn)
+        size = lane.batch_limit or self.plan.batch_size  # smaller while paced (pacing.py)
+        batch = self._claim(lane, conn, size)
         if batch is None:
             return False
         attributes = {"pin.batch.index": batch.index, "pin.table": self.table}
         with self.telemetry.span(f"{JOB} batch", attributes) as span:
             self._act_on(conn, batch, span)
-        return batch.count >= self.plan.batch_size
+        return batch.count >= size
 
-    def _claim(self, lane: Lane, conn: psycopg.Connection) -> ClaimedBatch | None:
-        """The next batch (its sessions row-locked in ``conn``'s open transaction), or None
-        when the end of the range, a stop or a failure says so."""
+    def _claim(self, lane: Lane, conn: psycopg.Connection, size: int) -> ClaimedBatch | None:
+        """The next batch of at most ``size`` sessions (row-locked in ``conn``'s open
+        transaction), or None when the end of the range, a stop or a failure says so."""
         # A plain blocking wait: the holder runs one claim statement, which statement_timeout
         # bounds and the crew's stop cancels (cancel_safe); `with` lets go on any exception,
         # a signal's included. A timed wait would only add a lock leaked between a timed
@@ -202,7 +203,7 @@ class KeysetWalk:
                         "after_id": self.after_id,
                         "until_ended_at": self.until_ended_at,
                         "until_id": self.until_id,
-                        "batch_size": self.plan.batch_size,
+                        "batch_size": size,
                     },
                 ).fetchone()
             except psycopg.Error as exc:
@@ -215,7 +216,7 @@ class KeysetWalk:
                 return None
             self.claimed += 1
             self.after_ended_at, self.after_id = last_ended_at, last_id
-            if count < self.plan.batch_size:
+            if count < size:
                 self._reached_end()  # a short batch: nothing more in this step's range
             return ClaimedBatch(index, ids, count, first, last_id)
 

@@ -337,8 +337,9 @@ class BatchLoops:
                 telemetry,
                 paced_metric_prefix=M_PACED_PREFIX,
                 deadline_remaining=deadline.remaining,
+                batch_size=cycle.batch_size,
             )
-        self.budget = BatchBudget(max_batches)
+        self.budget = BatchBudget(max_batches, cycle.batch_size)
         self.alerts = CappedAlerts(telemetry.alerts, cap=MAX_POISON_ALERTS_PER_CYCLE)
         self.positions = [KeysetPosition(1)]  # one per loop started; the first's is the caller's
 
@@ -360,7 +361,7 @@ class BatchLoops:
             batch_seconds = time.monotonic() - started
             self.pacer.start(conn)  # its baseline: the database before the drain's other batches
             self.pacer.connections[0] = conn
-            self.pacer.after_batch(0, self.stop, batch_seconds)
+            self.pacer.after_batch(0, self.stop, batch_seconds, rows=self.cycle.batch_size)
         side = self._open_side_connections(conn)
         batches = [self._batches(conn, self.positions[0])]
         for number, side_conn in enumerate(side, start=2):
@@ -416,7 +417,9 @@ class BatchLoops:
                 lane.on_cancel(conn.cancel_safe)  # interrupts a statement in flight
                 if parent is not None:
                     otel_context.attach(parent)  # a thread starts with an empty context
-            return run_batch(conn, self.cycle, position, self.telemetry, self.alerts)
+            return run_batch(
+                conn, self.cycle, position, self.telemetry, self.alerts, size=lane.batch_limit
+            )
 
         return batch
 

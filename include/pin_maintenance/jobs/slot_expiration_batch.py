@@ -108,11 +108,16 @@ def run_batch(
     position: KeysetPosition,
     telemetry: Telemetry,
     alerts: CappedAlerts,
+    *,
+    size: int | None = None,
 ) -> bool:
-    """One batch in one transaction (a span); True when it was full (more may be due)."""
+    """One batch of ``size`` slots at most (None: the cycle's ``batch_size``) in one
+    transaction (a span); True when it was full (more may be due)."""
+    size = size or cycle.batch_size
     with telemetry.span(f"{JOB} batch", {"pin.runner": position.runner}) as span:
         tracing = span.is_recording()
         params = cycle.params() | {
+            "batch_size": size,
             "after": position.after,
             "with_tenants": tracing,
             "max_tenants": MAX_SPAN_TENANTS,
@@ -126,7 +131,7 @@ def run_batch(
             telemetry.log.warning(
                 "batch_isolating",
                 runner=position.runner,
-                batch_size=cycle.batch_size,
+                batch_size=size,
                 error=describe_error(exc),
             )
             outcome = _expire_isolating(conn, cycle, params)
@@ -153,7 +158,7 @@ def run_batch(
             count=outcome.selected,
             expired=outcome.expired,
         )
-        return outcome.selected >= cycle.batch_size
+        return outcome.selected >= size
 
 
 def _expire(conn: psycopg.Connection, cycle: CycleState, params: dict[str, Any]) -> _Outcome:
