@@ -28,7 +28,9 @@ Three signals, read between batches on the loop's own connection (the first two 
   rate (GitLab's batched migrations' WAL-rate indicator, vacuum's cost delay).
 
 A pause is the crew's: no loop starts a batch until it is over, so the database sees the
-job's batches with the gaps the rule asks for, however many loops there are.
+job's batches with the gaps the rule asks for, however many loops there are. While others use
+the database and the canary or the WAL budget is on, a crew given its job's ``batch_size`` also
+sizes each batch to take about :data:`SHARED_BATCH_SECONDS` (:meth:`Pacer.batch_limit`).
 
 While other sessions are busy the loops also take turns, one batch at a time, so the job never
 takes more than one core and one stream of WAL from them; a run that finds them busy when it

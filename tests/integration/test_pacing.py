@@ -14,6 +14,8 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 
+from devtools.retention_data import seed_sessions
+from include.pin_maintenance.jobs import activity_retention
 from include.pin_maintenance.pacing import (
     NICE_SHARED_START,
     PROBE_INTERVAL_SECONDS,
@@ -30,6 +32,7 @@ from include.pin_maintenance.parallel import BatchBudget, Deadline, run_batch_lo
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
 from tests.integration.slot_expiration_fixtures import insert_due_slots, run_job
+from tests.job_db import job_connect, job_telemetry
 
 pytestmark = pytest.mark.integration
 
@@ -483,3 +486,25 @@ def test_a_slot_drain_with_pacing_off_never_probes(db, caplog):
     result = run_job(db, {"max_batches_per_cycle": 1000, **PACING_OFF})
     assert result.expired_count == 2000 and result.paced_ms == 0
     assert not any("pacing_baseline" in r.getMessage() for r in caplog.records)
+
+
+def test_a_retention_run_beside_busy_sessions_sizes_its_child_batches_and_keeps_session_batches(
+    db,
+):
+    # the child steps' batches are sized while others use the database (the first at the
+    # minimum, before any batch was timed); a session batch stays the seed's unit: batch_size
+    with db.connect() as conn:
+        seed_sessions(conn, 1000, 0, 1, tag="shared")
+        conn.commit()
+    with busy(db.url, [CPU_HOG]):
+        result = activity_retention.run(
+            job_connect(db, activity_retention.JOB, url=db.url),  # sees others, as pg_monitor
+            activity_retention.CONFIG.resolve(None, {"batch_size": 500, "runners": 2}),
+            job_telemetry(activity_retention.JOB),
+            StopSignal(),
+        )
+    events, views, sessions = result.steps
+    assert result.deleted_sessions == 1000 and not result.has_more
+    assert result.deleted_action_events == result.deleted_property_object_views == 1000
+    assert sessions.batches == result.batches_processed == 2
+    assert events.batches >= 3 and views.batches >= 3, (events.batches, views.batches)

@@ -381,7 +381,7 @@ def _walk(
     walk = KeysetWalk(
         plan, table, run.telemetry, stop, deadline=deadline, until=until, bounded_by=bounded_by
     )
-    result = walk.run(conns, pacer=_pacer(plan, run, conns, deadline))
+    result = walk.run(conns, pacer=_pacer(plan, table, run, conns, deadline))
     run.log.info(
         "step_completed",
         table=table,
@@ -405,10 +405,12 @@ def _walk(
 
 
 def _pacer(
-    plan: RunPlan, run: JobRun, conns: list[psycopg.Connection], deadline: Deadline
+    plan: RunPlan, table: str, run: JobRun, conns: list[psycopg.Connection], deadline: Deadline
 ) -> Pacer | None:
     """The step's pacing (docs/design.md, "Pacing"), its baseline read before the first batch;
-    a dry run only reads and is not paced."""
+    a dry run only reads and is not paced. The child steps' batches are sized while others use
+    the database; the sessions step's stay whole: a session batch is the seed's unit
+    (``BatchesProcessed``), and its statements write little WAL."""
     limits = PacingLimits(
         plan.max_replica_lag_seconds, plan.max_neighbour_slowdown, plan.max_wal_mb_per_second
     )
@@ -419,7 +421,7 @@ def _pacer(
         run.telemetry,
         paced_metric_prefix=M_PACED_PREFIX,
         deadline_remaining=deadline.remaining,
-        batch_size=plan.batch_size,
+        batch_size=None if table == "sessions" else plan.batch_size,
     )
     pacer.connections = dict(enumerate(conns))  # before the baseline: its own are not others
     pacer.start(conns[0])
