@@ -139,7 +139,7 @@ JOBS = {
 UNPACED = PACING_OFF
 GOAL_ALONE_RATIO = 0.7  # a paced drain with nobody there keeps this share of the unpaced speed
 DEFAULT_CASES: dict[str, tuple[dict, ...]] = {
-    key: ({}, {"max_wal_mb_per_second": 4}, {"max_wal_mb_per_second": 16}, UNPACED)
+    key: ({}, {"max_wal_mb_per_second": 8}, {"max_wal_mb_per_second": 16}, UNPACED)
     for key in ("slots", "retention")
 }
 

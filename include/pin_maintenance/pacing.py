@@ -93,8 +93,8 @@ NICE_FLOOR = 0.05  # below this, no sleep at all
 # While others use the database, a batch is sized to take about this long (pt-archiver's
 # --chunk-time, GitLab's batch sizing): a service transaction that meets a batch waits less
 # behind a short one, and its commit flushes less of the job's WAL. At the same WAL budget,
-# batches of 500 slots (about 10 ms) cost the services' p99 2.8x its baseline against 4.0x for
-# batches of 2000 (docs/benchmarks.md, notes).
+# batches of 500 slots cost the services' p99 2.8x its baseline against 4.0x for batches of
+# 2000 (docs/benchmarks.md, notes); at this target a slot drain's batches were 400-1100 rows.
 SHARED_BATCH_SECONDS = 0.01
 SHARED_BATCH_MIN = 50  # rows (sessions) a sized batch takes at least
 HISTORY_SECONDS = 3600.0  # WAL positions kept for the lag estimate (one every probe)

@@ -34,7 +34,7 @@ PACING_SETTINGS = (
     ),
     Setting(
         "max_wal_mb_per_second",
-        8,
+        4,
         kind=float,
         minimum=0,
         maximum=10000,

@@ -25,7 +25,7 @@ def test_config_keys_and_defaults_are_the_design_contract():
         "max_run_duration_seconds": 1800,
         "max_replica_lag_seconds": 2,
         "max_neighbour_slowdown": 2,
-        "max_wal_mb_per_second": 8,
+        "max_wal_mb_per_second": 4,
     }
     assert job.CONFIG.extra_params == frozenset({"dry_run"})
 

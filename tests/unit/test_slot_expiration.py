@@ -34,7 +34,7 @@ def test_config_defaults_match_the_contract():
         "max_run_duration_seconds": 30,
         "max_replica_lag_seconds": 2,
         "max_neighbour_slowdown": 2,
-        "max_wal_mb_per_second": 8,
+        "max_wal_mb_per_second": 4,
     }
 
 
@@ -88,7 +88,7 @@ def test_validate_accepts_resolved_configs(config, expected):
         "max_run_duration_seconds": 30,
         "max_replica_lag_seconds": 2,
         "max_neighbour_slowdown": 2,
-        "max_wal_mb_per_second": 8,
+        "max_wal_mb_per_second": 4,
     }
     assert se.validate(config) == defaults | expected
 

@@ -45,7 +45,9 @@ CONFIG = ConfigSpec(
             minimum=1,
             help=(
                 "Upper bound of session batches per run: each delete task claims at most this "
-                "many batches, all its loops together; the rest waits for the next run."
+                "many batches of batch_size sessions' worth (a smaller batch while others use the "
+                "database counts by its share), all its loops together; the rest waits for the "
+                "next run."
             ),
         ),
         Setting(

@@ -93,7 +93,7 @@ class RunPlan:
     # pacing (docs/design.md, "Pacing"); a plan from before the keys existed gets their defaults
     max_replica_lag_seconds: float = 2.0
     max_neighbour_slowdown: float = 2.0
-    max_wal_mb_per_second: float = 8.0
+    max_wal_mb_per_second: float = 4.0
 
     def to_xcom(self) -> dict[str, Any]:
         data = asdict(self)
