@@ -45,13 +45,16 @@ WAL_HOG = (
 )
 
 
-def pacer(limits: PacingLimits, metrics: RecordingMetrics | None = None) -> Pacer:
+def pacer(
+    limits: PacingLimits, metrics: RecordingMetrics | None = None, *, batch_size: int | None = None
+) -> Pacer:
     telemetry = Telemetry.local(JobLog("pacing_test", "run-1"), metrics or RecordingMetrics())
     return Pacer(
         limits,
         telemetry,
         paced_metric_prefix="pacing_test_paced",
         deadline_remaining=lambda: 60.0,
+        batch_size=batch_size,
     )
 
 
@@ -236,21 +239,9 @@ def test_an_idle_database_is_never_paced(db):
     assert paced.totals.seconds.get("replica_lag", 0) == 0
 
 
-def run_timed_batches(
-    pacer: Pacer, conns: list[psycopg.Connection], batches: int = 16
-) -> list[tuple[float, float]]:
-    """Run one loop per connection, ``batches`` batches of 20 ms in all, under ``pacer``; each
-    batch's (start, end), in the order they started."""
-    lock, spans = threading.Lock(), []
+def run_crew(pacer: Pacer, conns: list[psycopg.Connection], batch, batches: int) -> None:
+    """Run one loop of ``batch`` per connection under ``pacer``, ``batches`` batches in all."""
     pacer.connections = dict(enumerate(conns))
-
-    def batch(lane) -> bool:
-        started = time.monotonic()
-        time.sleep(0.02)
-        with lock:
-            spans.append((started, time.monotonic()))
-        return True
-
     run_batch_loops(
         [batch] * len(conns),
         stop=StopSignal(),
@@ -259,6 +250,23 @@ def run_timed_batches(
         grace_seconds=1,
         pacing=pacer,
     )
+
+
+def run_timed_batches(
+    pacer: Pacer, conns: list[psycopg.Connection], batches: int = 16
+) -> list[tuple[float, float]]:
+    """Run one loop per connection, ``batches`` batches of 20 ms in all, under ``pacer``; each
+    batch's (start, end), in the order they started."""
+    lock, spans = threading.Lock(), []
+
+    def batch(lane) -> bool:
+        started = time.monotonic()
+        time.sleep(0.02)
+        with lock:
+            spans.append((started, time.monotonic()))
+        return True
+
+    run_crew(pacer, conns, batch, batches)
     return sorted(spans)
 
 
@@ -320,40 +328,20 @@ def test_batches_beside_busy_sessions_are_sized_to_the_target_time_and_whole_wit
         def batch(lane) -> bool:
             time.sleep(lane.batch_limit * row_seconds)
             sizes.append(lane.batch_limit)
-            return len(sizes) < 12
+            return True
 
-        paced.connections = dict(enumerate(conns))
-        run_batch_loops(
-            [batch] * len(conns),
-            stop=StopSignal(),
-            deadline=Deadline(60),
-            budget=BatchBudget(None),
-            grace_seconds=1,
-            pacing=paced,
-        )
+        run_crew(paced, conns, batch, batches=12)
         return sizes
 
     with (
         psycopg.connect(db.url, autocommit=True, application_name=APP) as first,
         psycopg.connect(db.url, autocommit=True, application_name=APP) as second,
     ):
-        alone = Pacer(
-            limits,
-            Telemetry.local(JobLog("pacing_test", "run-1"), RecordingMetrics()),
-            paced_metric_prefix="pacing_test_paced",
-            deadline_remaining=lambda: 60.0,
-            batch_size=1000,
-        )
+        alone = pacer(limits, batch_size=1000)
         alone.start(first)
         assert set(sized(alone, [first, second])) == {1000}
         with busy(db.url, [CPU_HOG]):
-            polite = Pacer(
-                limits,
-                Telemetry.local(JobLog("pacing_test", "run-1"), RecordingMetrics()),
-                paced_metric_prefix="pacing_test_paced",
-                deadline_remaining=lambda: 60.0,
-                batch_size=1000,
-            )
+            polite = pacer(limits, batch_size=1000)
             polite.start(first)
             sizes = sized(polite, [first, second])
     assert sizes[0] == SHARED_BATCH_MIN  # nothing timed yet: the first batch is the smallest
@@ -443,6 +431,8 @@ def test_a_slot_drain_on_a_busy_database_is_paced_and_still_drains(db, caplog):
                 "batch_size": 250,
                 "max_run_duration_seconds": 120,
                 "max_neighbour_slowdown": 1,  # the machine is busy already at the baseline
+                # the canary alone: beside the WAL hog the budget would hold it at its floor
+                "max_wal_mb_per_second": 0,
             },
             app="pin-slot-expiration",
             url=db.url,  # the owner, who sees the other sessions as a role in pg_monitor would
