@@ -287,7 +287,6 @@ class Pacer:
         self._resume_at = 0.0  # the crew's pause: no loop starts a batch before this
         self._batch_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
         self._row_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)  # a batch's time per row
-        self._lane_limits: dict[int, int] = {}  # the size each lane's batch was given
         # the WAL-rate bucket: the last WAL position read while shared, when all WAL read so
         # far is paid for, recent positions for the rate a log line reports, and the end of
         # the last WAL-rate sleep while the crew is paced by it
@@ -408,17 +407,15 @@ class Pacer:
                 and bool(self.limits.max_neighbour_slowdown or self.limits.max_wal_mb_per_second)
             )
             per_row = statistics.median(self._row_seconds) if self._row_seconds else None
-            limit = shared_batch_size(per_row, self.batch_size) if polite else self.batch_size
-            self._lane_limits[lane.index] = limit
-        return limit
+        return shared_batch_size(per_row, self.batch_size) if polite else self.batch_size
 
     def _turn_patience(self) -> float:
         recent = statistics.median(self._batch_seconds) if self._batch_seconds else 0.0
         return max(TURN_PATIENCE_SECONDS, 3 * recent)
 
     def pace(self, lane: Lane, batch_seconds: float) -> None:
-        """:class:`parallel.BatchPacing`'s pace: :meth:`after_batch` for the lane."""
-        self.after_batch(lane.index, lane.stop, batch_seconds)
+        """:class:`parallel.BatchPacing`'s pace: :meth:`after_batch` for the lane's batch."""
+        self.after_batch(lane.index, lane.stop, batch_seconds, rows=lane.batch_limit)
 
     def after_batch(
         self, lane_index: int, stop: StopSignal, batch_seconds: float, rows: int | None = None
@@ -427,12 +424,11 @@ class Pacer:
         batch time, or until its WAL is paid for. The pause is the crew's, not the loop's: no
         loop starts a batch before it ends (one loop's sleep alone would let the others' batches
         follow back to back, and a crew of three at 1x would pace nothing at all). ``rows``: the
-        batch's size, when :meth:`batch_limit` did not give it."""
+        batch's size (None: not known, the batch's time teaches nothing about sizing)."""
         if self.limits.off or not self._stats_readable:
             return
         with self._lock:
             self._batch_seconds.append(batch_seconds)
-            rows = rows or self._lane_limits.get(lane_index)
             if rows:  # a full batch: it took this long for its rows
                 self._row_seconds.append(batch_seconds / rows)
             if self._turn_lane == lane_index:
