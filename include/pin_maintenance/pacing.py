@@ -92,10 +92,10 @@ NICE_DECAY = 0.75  # each healthy probe shortens the sleep by this factor
 NICE_FLOOR = 0.05  # below this, no sleep at all
 # While others use the database, a batch is sized to take about this long (pt-archiver's
 # --chunk-time, GitLab's batch sizing): a service transaction that meets a batch waits less
-# behind a short one, and its commit flushes less of the job's WAL. At the same WAL budget,
-# batches of 500 slots cost the services' p99 2.8x its baseline against 4.0x for batches of
-# 2000 (docs/benchmarks.md, notes); at this target a slot drain's batches were 400-1100 rows.
-SHARED_BATCH_SECONDS = 0.01
+# behind a short one, and its commit flushes less of the job's WAL. At the 4 MB/s WAL budget,
+# a slot drain's p99 was 1.9x its baseline with 5 ms batches (180-490 rows) against 3.1x with
+# 10 ms ones (400-1100 rows), at the same drain rate (docs/benchmarks.md, notes).
+SHARED_BATCH_SECONDS = 0.005
 SHARED_BATCH_MIN = 50  # rows (sessions) a sized batch takes at least
 HISTORY_SECONDS = 3600.0  # WAL positions kept for the lag estimate (one every probe)
 WAL_DEBT_MAX_SECONDS = 2.0  # the WAL-rate bucket's depth, in seconds of the budget
