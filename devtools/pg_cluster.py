@@ -35,6 +35,7 @@ import psycopg
 from devtools.local_airflow import free_port
 
 SUPERUSER = "postgres"
+REPLICATION_SLOT = "pin_replica"
 READY_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 60.0
 
@@ -161,6 +162,11 @@ class Cluster:
             "-D",
             str(server.datadir),
             "-R",  # standby.signal and primary_conninfo: a streaming replica of the primary
+            # a physical slot, as production replicas have: without one, a replica that falls
+            # behind a burst of WAL finds its next segment recycled by a checkpoint and stops
+            "-C",
+            "-S",
+            REPLICATION_SLOT,
             "-X",
             "stream",
             "-c",
@@ -241,7 +247,10 @@ class Cluster:
                 if behind is not None and behind <= 0:
                     return time.monotonic() - started
                 if time.monotonic() - started > timeout:
-                    raise ClusterError(f"the replica is {behind} bytes behind after {timeout} s")
+                    raise ClusterError(
+                        f"the replica is {behind} bytes behind after {timeout} s; its log:\n"
+                        f"{self.replica.log_tail()}"
+                    )
                 time.sleep(0.1)
 
     # -- stopping it ----------------------------------------------------------------------
