@@ -93,7 +93,7 @@ NICE_FLOOR = 0.05  # below this, no sleep at all
 # While others use the database, a batch is sized to take about this long (pt-archiver's
 # --chunk-time, GitLab's batch sizing): a service transaction that meets a batch waits less
 # behind a short one, and its commit flushes less of the job's WAL. At the 4 MB/s WAL budget,
-# a slot drain's p99 was 1.9x its baseline with 5 ms batches (180-490 rows) against 3.1x with
+# a slot drain's p99 was 2.5x its baseline with 5 ms batches (180-490 rows) against 3.1x with
 # 10 ms ones (400-1100 rows), at the same drain rate (docs/benchmarks.md, notes).
 SHARED_BATCH_SECONDS = 0.005
 SHARED_BATCH_MIN = 50  # rows (sessions) a sized batch takes at least
