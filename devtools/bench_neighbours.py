@@ -707,7 +707,8 @@ def _report(bench: Bench, cases: list[Case], settings: str, out: list[str]) -> N
     total, due = plan.neighbour_slots
     out.append(
         "An operator's database on this host: a primary and a streaming replica of it "
-        f"(`pg_basebackup -R`, same binaries; {settings}, initdb defaults otherwise). The "
+        "(`pg_basebackup -R` with a physical slot, same binaries; "
+        f"{settings}, initdb defaults otherwise). The "
         f"services' traffic: the real `pgbench` in open loop, `--rate {RATE} -c {CLIENTS} -j "
         f"{THREADS}`, half *booking* (update one future Available slot, read the next ten), "
         "half *activity* (a new session with three events, read one existing session's "

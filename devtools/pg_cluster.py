@@ -100,7 +100,8 @@ class Cluster:
 
     @classmethod
     def start(cls, root: Path | None = None) -> Cluster:
-        """initdb a primary, start it, ``pg_basebackup -R`` a replica from it, start that."""
+        """initdb a primary, start it, ``pg_basebackup -R`` a replica from it (through a physical
+        slot), start that."""
         root = root or Path(tempfile.mkdtemp(prefix="pin-neighbours-pg-"))
         user = os_user()
         if user is not None:
