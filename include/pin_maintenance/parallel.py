@@ -207,10 +207,15 @@ class BatchBudget:
         spent."""
         share = 1.0 if rows is None or not self.batch_size else rows / self.batch_size
         with self._lock:
-            if self.limit is not None and self.taken >= self.limit - 1e-9:
+            if self.spent:
                 return False
             self.taken += share
             return True
+
+    @property
+    def spent(self) -> bool:
+        """No batch is left to take."""
+        return self.limit is not None and self.taken >= self.limit - 1e-9
 
 
 class BatchPacing(Protocol):
@@ -249,9 +254,9 @@ def run_batch_loops(
     bound, then drained. A sibling's failure is re-raised by :func:`run_lanes`.
     ``pacing`` is where a job waits for the database's other users: each batch runs inside
     its ``turn`` (checks included, so a loop that waited for its turn checks afresh) and its
-    ``pace`` runs after each full batch, still in the turn; its ``batch_limit`` sets the size
-    of the lane's next batch (``lane.batch_limit``, which the batch reads), and the budget
-    counts it by its share of a whole one.
+    ``pace`` runs after each full batch that leaves the budget a batch, still in the turn;
+    its ``batch_limit`` sets the size of the lane's next batch (``lane.batch_limit``, which
+    the batch reads), and the budget counts it by its share of a whole one.
     """
 
     def loop(lane: Lane, batch: Callable[[Lane], bool]) -> StopReason:
@@ -267,7 +272,9 @@ def run_batch_loops(
                 started = time.monotonic()
                 if not batch(lane):
                     return StopReason.DRAINED
-                if pacing is not None:  # in the turn: the crew's next batch follows the pause
+                # in the turn: the crew's next batch follows the pause; none follows a spent
+                # budget, so a run at its bound ends without one
+                if pacing is not None and not budget.spent:
                     pacing.pace(lane, time.monotonic() - started)
 
     lanes = [lambda lane, batch=batch: loop(lane, batch) for batch in batches]

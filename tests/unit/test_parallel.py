@@ -359,6 +359,26 @@ def test_a_batch_sized_by_pacing_takes_its_share_of_the_budget():
     assert sizes == [40] * 5
 
 
+def test_the_batch_that_spends_the_budget_is_not_paced():
+    # the pause is for the batch after it: a run at its bound ends without one
+    pacing = RecordingPacing()
+
+    def batch(lane):
+        time.sleep(0.01)
+        return True
+
+    reason = run_batch_loops(
+        [batch],
+        stop=StopSignal(),
+        deadline=Deadline(60),
+        budget=BatchBudget(3),
+        grace_seconds=1,
+        pacing=pacing,
+    )
+    assert reason is StopReason.MAX_BATCHES
+    assert pacing.events == ["turn", "pace True", "turn", "pace True", "turn", "turn"]
+
+
 def test_a_budget_without_a_batch_size_counts_whole_batches():
     budget = BatchBudget(2)
     assert budget.take(10) and budget.take(10) and not budget.take(10)
