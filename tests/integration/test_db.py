@@ -128,7 +128,8 @@ def test_lock_does_not_leak_into_a_reused_connection(db):
         with advisory_lock(lambda: psycopg.connect(db.url), "job:w", ttl_seconds=30) as got:
             assert got
         held = conn.execute(
-            "select count(*) from pg_locks where locktype = 'advisory' and granted"
+            "select count(*) from pg_locks where locktype = 'advisory' and granted and database = "
+            "(select oid from pg_database where datname = current_database())"
         ).fetchone()[0]
         assert held == 0
     finally:

@@ -237,7 +237,8 @@ def test_detach_retry_on_a_one_connection_pool_fails_fast_and_claims_nothing(
     assert all(rows(db)[e.snapshot_id].attempts == 0 for e in entries)
     with psycopg.connect(db.url) as conn:  # the lock went with the run
         (locks,) = conn.execute(
-            "select count(*) from pg_locks where locktype = 'advisory'"
+            "select count(*) from pg_locks where locktype = 'advisory' and database = "
+            "(select oid from pg_database where datname = current_database())"
         ).fetchone()
     assert locks == 0
     # PgBouncer reads no more from a client waiting for a server, so it notices the closed

@@ -28,8 +28,11 @@ left join pg_attribute a
  and a.attname = w.column_name
  and a.attnum > 0
  and not a.attisdropped
+-- to_regprocedure only for function rows: Postgres may evaluate it for every row of the join,
+-- and before 16 it raises on a name without an argument list instead of returning null
 left join pg_proc p
   on w.kind = 'function'
- and p.oid = to_regprocedure(w.schema_name || '.' || w.object_name)
+ and p.oid = case when w.kind = 'function'
+                  then to_regprocedure(w.schema_name || '.' || w.object_name) end
 left join pg_roles r on w.kind = 'role' and r.rolname = w.object_name
 order by w.item
