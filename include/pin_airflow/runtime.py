@@ -11,7 +11,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
-from include.pin_maintenance import privileges
+from include.pin_maintenance import privileges, server_version
 from include.pin_maintenance.config import ConfigError, ConfigSpec
 from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.telemetry import JobLog, Telemetry
@@ -70,10 +70,16 @@ class MissingPrivileges(privileges.MissingPrivileges, AirflowFailException):
     would only fail again and alert again. Still the job package's MissingPrivileges."""
 
 
+class UnsupportedServer(server_version.UnsupportedServer, AirflowFailException):
+    """A PostgreSQL older than the jobs support fails the task at once, like a missing grant."""
+
+
 def refuse_run(exc: Exception) -> BaseException:
     """``Telemetry.refuse``: a run refused for its configuration fails without a retry."""
     if isinstance(exc, privileges.MissingPrivileges):
         return MissingPrivileges(exc.job, exc.role, exc.missing)
+    if isinstance(exc, server_version.UnsupportedServer):
+        return UnsupportedServer(exc.job, exc.server_version)
     return exc
 
 

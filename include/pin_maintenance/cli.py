@@ -6,7 +6,8 @@ Exit codes, the same for every job: 0 done (the result printed as one JSON line 
 1 the run failed (database, service or batch failure; nothing printed on stdout), 2 invalid
 arguments or config (nothing written: the config is checked before anything connects),
 3 cancelled by SIGTERM after a clean stop between batches. Log lines go to stderr. A role
-without a privilege the job needs is a configuration error too (exit 2, naming it).
+without a privilege the job needs, or a PostgreSQL older than the jobs support, is a
+configuration error too (exit 2, naming it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.lifecycle import CONFIG_INVALID, JobSpec, describe_error
 from include.pin_maintenance.privileges import MissingPrivileges
 from include.pin_maintenance.runloop import JobCancelled, StopSignal
+from include.pin_maintenance.server_version import UnsupportedServer
 from include.pin_maintenance.telemetry import JobLog, Telemetry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 3
@@ -112,8 +114,8 @@ def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         log.error(CONFIG_INVALID, error=str(exc))
         return EXIT_USAGE
-    except MissingPrivileges as exc:  # the role's grants, not the data: nothing was written
-        print(f"MissingPrivileges: {exc}", file=sys.stderr)
+    except (MissingPrivileges, UnsupportedServer) as exc:  # set-up, not data: nothing written
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:  # the lifecycle logged job_failed; this line is for a terminal
         print(describe_error(exc), file=sys.stderr)

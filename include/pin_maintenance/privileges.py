@@ -27,7 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from include.pin_maintenance import sql
+import psycopg
+
+from include.pin_maintenance import server_version, sql
 from include.pin_maintenance.db import Connect
 from include.pin_maintenance.telemetry import Alert, Telemetry
 
@@ -290,28 +292,25 @@ class Granted:
 # -- the check --------------------------------------------------------------------------------
 
 
-def ask(connect: Connect, requirements: Sequence[Requirement]) -> tuple[str, list[bool | None]]:
+def ask(
+    conn: psycopg.Connection, requirements: Sequence[Requirement]
+) -> tuple[str, list[bool | None]]:
     """The connection's role and the server's answer to each of :func:`items`."""
     asked = items(requirements)
     if not asked:
         raise ValueError("no privileges to check")
-    conn = connect()
-    try:
-        rows = conn.execute(
-            sql.load("privileges/check_role_privileges"),
-            {
-                "kinds": [i.kind for i in asked],
-                "schemas": [i.schema for i in asked],
-                "names": [i.name for i in asked],
-                "columns": [i.column for i in asked],
-                "privileges": [i.privilege for i in asked],
-            },
-        ).fetchall()
-        role = str(rows[0][2])
-        conn.rollback()
-    finally:
-        conn.close()
-    return role, [row[1] for row in rows]
+    rows = conn.execute(
+        sql.load("privileges/check_role_privileges"),
+        {
+            "kinds": [i.kind for i in asked],
+            "schemas": [i.schema for i in asked],
+            "names": [i.name for i in asked],
+            "columns": [i.column for i in asked],
+            "privileges": [i.privilege for i in asked],
+        },
+    ).fetchall()
+    conn.rollback()
+    return str(rows[0][2]), [row[1] for row in rows]
 
 
 def require(
@@ -320,13 +319,39 @@ def require(
     telemetry: Telemetry,
     requirements: Iterable[Requirement] | None = None,
 ) -> Granted:
-    """Check the job's privileges (:data:`REQUIREMENTS`, or ``requirements``) on one
-    connection of ``connect``; raise :class:`MissingPrivileges` (through ``telemetry.refuse``
-    when the host has one) after one error line and one :data:`ALERT` when a required one is
-    missing. An optional one missing logs one warning and is in the result's ``without``."""
+    """Check the server's version (:mod:`server_version`), then the job's privileges
+    (:data:`REQUIREMENTS`, or ``requirements``), on one connection of ``connect``, before the
+    run's first statement on a job table. Raise :class:`UnsupportedServer` or
+    :class:`MissingPrivileges` (through ``telemetry.refuse`` when the host has one) after one
+    error line and one alert. An optional privilege missing logs one warning and is in the
+    result's ``without``."""
     reqs = tuple(REQUIREMENTS[job] if requirements is None else requirements)
     with telemetry.span(f"{job} privileges"):
-        return _judge(job, telemetry, reqs, *ask(connect, reqs))
+        conn = connect()
+        try:
+            _check_server(job, telemetry, conn.info.server_version)
+            role, answers = ask(conn, reqs)
+        finally:
+            conn.close()
+        return _judge(job, telemetry, reqs, role, answers)
+
+
+def _check_server(job: str, telemetry: Telemetry, version: int) -> None:
+    if not server_version.is_supported(version):
+        error = server_version.UnsupportedServer(job, version)
+        telemetry.log.error(
+            "server_unsupported",
+            server_version=server_version.describe(version),
+            supported=server_version.supported_range(),
+        )
+        telemetry.alerts.send(error.alert())
+        raise (telemetry.refuse(error) if telemetry.refuse else error) from None
+    if server_version.major_of(version) > server_version.SUPPORTED_MAJORS[-1]:
+        telemetry.log.warning(
+            "server_untested",
+            server_version=server_version.describe(version),
+            supported=server_version.supported_range(),
+        )
 
 
 def _judge(

@@ -210,6 +210,19 @@ def _table_sizes(db: Database, block: Block) -> None:
     assert all(r["pg_size_pretty"] for r in rows)
 
 
+# ---------------------------------------------------------- database-server-unsupported.md
+
+
+@check("database-server-unsupported.md", "current_setting('server_version_num')::int / 10000")
+def _server_major(db: Database, block: Block) -> None:
+    row = one(psql(db, block).rows())
+    with db.connect() as conn:
+        version = conn.info.server_version
+    assert row["major"] == str(version // 10000)
+    assert row["server_version"].startswith(f"{version // 10000}.")
+    assert row["database"] == db.name
+
+
 # ----------------------------------------------------------- activity-retention-failure.md
 
 EXTRA_FK = """

@@ -30,6 +30,7 @@ EXPECTED = {
     "deadline-missed.md": ["deadline_missed", "_deadline_seconds"],
     "task-failed.md": ["task_failed"],
     "database-privileges-missing.md": ["database_privileges_missing", "job_roles.sql"],
+    "database-server-unsupported.md": ["database_server_unsupported", "server_version_num"],
 }
 
 

@@ -56,14 +56,15 @@ class EventSpec(NamedTuple):
 
 # One event, one page (ops/README.md, "One page per event"). Rule windows: quarantined 15 min,
 # poison-slot errors 15 min, detach lock 20 min, retention lock 36 h. A missing database
-# privilege has no rule: its alert mutes the task_failed that follows (every run of the job
-# fails the same way and refreshes it, one page until the grant is back).
+# privilege or an unsupported server has no rule: its alert mutes the task_failed that follows
+# (every run of the job fails the same way and refreshes it, one page until it is fixed).
 EVENTS: dict[str, EventSpec] = {
     "snapshot_detach_quarantined": EventSpec(("snapshot_id",), 1800),
     "slot_expiration_poison_row": EventSpec(("slot_id",), 1800),
     "retention_batch_failed": EventSpec(("table", "batch_ids"), 1800),
     "lock_held_too_long": EventSpec(("lock", "pid"), 1800),
     "database_privileges_missing": EventSpec(("role", "missing"), 1800),
+    "database_server_unsupported": EventSpec(("server_version",), 1800),
 }
 EVENT_SECONDS_BY_DAG = {("lock_held_too_long", "user_activity_retention"): 37 * 3600}
 # a task alert that follows from an event another alert already carries (task_failed after a
@@ -78,6 +79,7 @@ RUNBOOKS = {
     "slot_expiration_poison_row": "docs/runbooks/slot-expiration-poison-slot.md",
     "retention_batch_failed": "docs/runbooks/activity-retention-failure.md",
     "database_privileges_missing": "docs/runbooks/database-privileges-missing.md",
+    "database_server_unsupported": "docs/runbooks/database-server-unsupported.md",
 }
 RUNBOOKS_BY_DAG = {
     ("lock_held_too_long", "news_snapshot_detach_retry"): (
