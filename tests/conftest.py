@@ -76,17 +76,20 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 # Tiers in the order a plain run takes them: the fast tiers first, so that a unit failure shows
 # in the first minutes rather than after the end-to-end tier.
-TIER_ORDER = ("unit", "integration", "dags", "image", "e2e", "ui")
+TIER_ORDER = ("unit", "integration", "dags", "majors", "image", "e2e", "ui")
 # Under xdist the stack group comes first (one worker), then the other workers take the unit
 # tier and, while failures there would already show, the longest units of work (the image
 # tier's inner run, the stack-free e2e modules, the DAG tier's modules of 20 to 70 s), so that
 # the short integration modules fill the end of the run (simulated on one run's durations:
 # 654 s with integration before dags, 603 s after).
-XDIST_TIER_ORDER = ("unit", "image", "e2e", "dags", "integration", "ui")
+XDIST_TIER_ORDER = ("unit", "image", "majors", "e2e", "dags", "integration", "ui")
 # The tiers that start Airflow stacks run in one xdist group (one worker, one after the other):
 # two stacks at once on two cores would starve each other's schedulers.
 STACK_TIERS = frozenset({"e2e", "ui"})
 STACK_GROUP = "airflow-stacks"
+# Tiers whose every test is a long inner run with a server of its own (a major's pytest): each
+# runs on whichever worker is free, beside the others.
+OWN_GROUP_TIERS = frozenset({"majors"})
 # Modules of those tiers that start no stack (``airflow dags test`` runs and loopback daemons
 # only): each is its own group, so it runs beside the stacks on another worker.
 STACK_FREE = frozenset({"tests/e2e/test_alert_chain.py"})
@@ -134,10 +137,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def xdist_group(nodeid: str) -> str:
-    """The group a test runs in: the stack tiers all in one (but :data:`STACK_FREE`), any
-    other test with its module."""
+    """The group a test runs in: the stack tiers all in one (but :data:`STACK_FREE`), each
+    test of :data:`OWN_GROUP_TIERS` alone, any other test with its module."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
+    if len(parts) > 2 and parts[:1] == ["tests"] and parts[1] in OWN_GROUP_TIERS:
+        return nodeid
     stacks = len(parts) > 2 and parts[:1] == ["tests"] and parts[1] in STACK_TIERS
     return STACK_GROUP if stacks and path not in STACK_FREE else path
 
@@ -196,6 +201,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _record_sql_files() -> Iterator[None]:
+    """With ``PIN_SQL_RECORD=<file>``, append the name of every ``include/sql`` file the
+    session's jobs load: tests/majors checks that each one ran on every major. Every job
+    statement is loaded right where it is executed (include/pin_maintenance/sql.py)."""
+    record = os.environ.get(environment.SQL_RECORD_ENV)
+    if not record:
+        yield
+        return
+    from include.pin_maintenance import sql
+
+    loaded: set[str] = set()
+    original = sql.load
+
+    def load(name: str) -> str:
+        text = original(name)
+        loaded.add(name)
+        return text
+
+    sql.load = load
+    try:
+        yield
+    finally:
+        sql.load = original
+        with open(record, "a", encoding="utf-8") as out:
+            out.writelines(f"{name}\n" for name in sorted(loaded))
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     lines = [environment.postgres_header()]
     if environment.require_all():
@@ -207,10 +240,27 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 @pytest.fixture(scope="session")
 def pg_admin_url() -> Iterator[str]:
-    """Admin URL of the test server (embedded in a temp dir, or ``PIN_PG_URL``)."""
+    """Admin URL of the test server: ``PIN_PG_URL``'s, else a server of ``PIN_PG_MAJOR``
+    (devtools/pg_majors.py: tests/majors runs the SQL-facing tests so on every supported
+    major), else the embedded one in a temp dir."""
     external = environment.external_postgres_url()
+    major = environment.requested_major()
+    if external and major:
+        raise pytest.UsageError(
+            f"set {pg.EXTERNAL_URL_ENV} or {environment.MAJOR_ENV}, not both: the first names "
+            "a server, the second starts one"
+        )
     if external:
         yield external
+        return
+    if major:
+        from devtools import pg_majors
+
+        server = pg_majors.start(major)  # MajorUnavailable says why, naming the major
+        try:
+            yield server.primary_url()
+        finally:
+            server.stop()
         return
     environment.skip_without_postgres()
     # Not under pytest's /tmp/pytest-of-<user>: every new pytest session chmods that to 0700,

