@@ -16,9 +16,12 @@ next run. `last_error` keeps the old cause, prefixed with `requeued:`. Nothing e
 An id that is not a uuid is refused by the trigger form and the REST API before a run exists
 (the param's schema). Neither or both choices (the form cannot tell) fail the run at once, before
 touching anything, with one line that names the problem; as bad input of a manual run it raises
-`task_failed` as a warning, not a critical page. The task's return value (XCom) and log report
-the count (RequeuedCount, or WouldRequeueCount on a dry run) and the first 100 snapshot ids
-moved, plus the requested ids that did not move and their status.
+`task_failed` as a warning, not a critical page.
+
+**Result** (task return value and log line): `DryRun`, `Choice` (what was asked), the count
+`RequeuedCount` (or `WouldRequeueCount` on a dry run), `SnapshotIds` (the first 100 moved),
+`Truncated` (more moved than listed), `Skipped` (requested ids that did not move, with their
+status or "not found").
 
 **Safe to rerun?** Yes: only `Quarantined` rows move, so a second run finds nothing to do.
 No lock is needed: the retry DAG never selects Quarantined rows and its outcome updates only

@@ -34,6 +34,17 @@ timeouts), `breaker_failure_threshold` (5: failed calls in a row that stop calli
 run), `misroute_quarantine_limit` (5: 404s quarantined in a run before any 2xx), `dry_run`
 (report how many rows are due; call nothing, write nothing).
 
+**Result** (task return value and the `job_completed` log line): `LockAcquired` (false: another
+run held the lock, this one skipped), `DryRun`, `Due` (dry run: rows due), `Claimed`,
+`Succeeded` (Done), `Retried` (still Pending), `Quarantined`, `Failed`, `GivenBack` (claimed
+rows whose attempt was given back), `Superseded` (outcomes not written: another run had claimed
+the row since), `Batches`,
+`HasMore`, `StopReason`; the service's health as the run saw it: `AuthFailed`, `BreakerOpen`,
+`BreakerFailures`, `OutageCalls`, `Misrouted`, `MisrouteCalls`, `Calls`, `Throttled` (429 /
+503), `RetryAfterPausedSeconds`, `ConcurrencyLimit` (calls in flight allowed at the end),
+`ConcurrencyPeak`, `CallStalls`, `CallRetries`; the backlog after the run: `Pending`,
+`OldestAgeSeconds`; and `DurationMs`.
+
 **Outcomes.** 2xx -> Done. 5xx / 408 / 409 / 423 / 425 / 429 / other 4xx / timeout / connection
 error -> stays Pending (429 and 503 honour `Retry-After`); on attempt `max_attempts` ->
 Quarantined. 400, 404, 410, 422 -> Quarantined at once (at most 20 alerts per run, then a

@@ -136,3 +136,43 @@ def test_unpausing_runs_the_latest_missed_tick(dagbag, dag_id):
         ),
     )
     assert info.run_after <= now  # due at once: the scheduler starts it on unpause
+
+
+def _result_keys() -> dict[str, set[str]]:
+    """Every key of each DAG's result (its last task's XCom), from the job's own result type."""
+    from datetime import UTC, datetime
+
+    from include.pin_maintenance.jobs.activity_retention_plan import RetentionResult
+    from include.pin_maintenance.jobs.slot_expiration import ExpirationResult
+    from include.pin_maintenance.jobs.snapshot_detach_rules import DetachResult
+    from include.pin_maintenance.jobs.snapshot_requeue import RequeueResult
+
+    def keys(result) -> set[str]:
+        return set(result.as_dict())
+
+    now = datetime.now(UTC)
+    return {
+        "calendar_slot_expiration": keys(ExpirationResult(0, 0, 0, now))
+        | keys(ExpirationResult(0, 0, 0, now, dry_run=True)),
+        "user_activity_retention": keys(RetentionResult()) | keys(RetentionResult(dry_run=True)),
+        "news_snapshot_detach_retry": keys(DetachResult()),
+        "news_snapshot_detach_requeue": keys(RequeueResult(dry_run=False, choice="")),
+    }
+
+
+def _doc_paragraph(doc: str, title: str) -> str:
+    """The ``**<title>**`` paragraph of a DAG's doc_md (up to the next ``**Bold.**`` lead)."""
+    start = doc.index(f"**{title}")
+    end = doc.find("\n\n**", start)
+    return doc[start : end if end != -1 else None]
+
+
+@pytest.mark.parametrize("dag_id", sorted(EXPECTED))
+def test_the_doc_beside_the_trigger_form_names_every_param_and_result_field(dagbag, dag_id):
+    """What an operator reads in the UI says what the README says: each param of the trigger
+    form in the **Params** paragraph, each field of the run's result in **Result**."""
+    dag = dagbag.dags[dag_id]
+    params = _doc_paragraph(dag.doc_md, "Params")
+    assert [key for key in dag.params if f"`{key}`" not in params] == []
+    result = _doc_paragraph(dag.doc_md, "Result")
+    assert sorted(key for key in _result_keys()[dag_id] if f"`{key}`" not in result) == []
