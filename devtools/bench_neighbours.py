@@ -61,6 +61,10 @@ TAIL_SECONDS = 5.0  # traffic after the job's window, so pgbench's unflushed log
 SAMPLE_SECONDS = 0.25  # replica lag and CPU sampling interval
 GOAL_P99_RATIO = 3.0  # the services' p99 during a drain may be at most this times their baseline
 GOAL_REPLICA_SECONDS = 2.0
+# A round's baseline p99 above this many times the median baseline p99 of the whole section
+# (every run's baseline is the same traffic alone) is an outlier: its case gets no verdict.
+BASELINE_OUTLIER_FACTOR = 3.0
+BASELINE_OUTLIER = "baseline outlier: rerun"
 SERVICE_SESSIONS = 20_000  # the activity service's own sessions (read by its traffic)
 SERVICE_FUTURE_SLOTS = 250_000  # the booking service's table beside a retention dataset
 TAG = "bench"  # retention_data ids: md5('bench:s:' || i)
@@ -734,19 +738,17 @@ def _report(bench: Bench, cases: list[Case], settings: str, out: list[str]) -> N
         "rate = rows changed or deleted over the window. Ratios are per round, then the median "
         f"over {bench.runs} round(s); cells read `median (min .. max)`. *CPU busy*: both cores, "
         "over the window. Goal: p99 <= "
-        f"{GOAL_P99_RATIO:g}x its baseline and the replica <= {GOAL_REPLICA_SECONDS:g} s behind."
+        f"{GOAL_P99_RATIO:g}x its baseline and the replica <= {GOAL_REPLICA_SECONDS:g} s behind. "
+        f"A case with a round whose baseline p99 exceeds {BASELINE_OUTLIER_FACTOR:g}x the median "
+        "baseline p99 of all runs with traffic in this section (a stall in the traffic alone) "
+        f"gets no verdict: it reads `{BASELINE_OUTLIER}`."
     )
     out.append("")
     rows = []
+    typical = typical_baseline_p99(cases)
     for case in cases:
         loaded = case.loaded
         p99_ratio = [r.job.p99 / r.baseline.p99 for r in loaded if r.job and r.baseline]
-        behind = [r.behind_seconds for r in loaded]
-        met = (
-            bool(p99_ratio)
-            and statistics.median(p99_ratio) <= GOAL_P99_RATIO
-            and statistics.median(behind) <= GOAL_REPLICA_SECONDS
-        )
         rows.append(
             [
                 f"`{case.job.dag_id}`",
@@ -761,7 +763,9 @@ def _report(bench: Bench, cases: list[Case], settings: str, out: list[str]) -> N
                     for q in ("p50", "p95", "p99")
                 ),
                 f"**{_med(p99_ratio, _x)}**",
-                _med(behind, _s) + " / " + _med([r.behind_bytes for r in loaded], _mb),
+                _med([r.behind_seconds for r in loaded], _s)
+                + " / "
+                + _med([r.behind_bytes for r in loaded], _mb),
                 _med([r.behind_seconds for r in case.alone], _s)
                 + " / "
                 + _med([r.behind_bytes for r in case.alone], _mb),
@@ -776,7 +780,7 @@ def _report(bench: Bench, cases: list[Case], settings: str, out: list[str]) -> N
                 _med([r.cpu_busy for r in case.alone], _pct)
                 + " / "
                 + _med([r.cpu_busy for r in loaded], _pct),
-                _verdict(met),
+                case_verdict(case, typical),
             ]
         )
     out.append(
@@ -833,6 +837,27 @@ def _report(bench: Bench, cases: list[Case], settings: str, out: list[str]) -> N
             curve,
         )
     )  # fmt: skip
+
+
+def typical_baseline_p99(cases: Sequence[Case]) -> float:
+    """The median baseline p99 over every run with traffic of the section."""
+    return _median([r.baseline.p99 for c in cases for r in c.loaded if r.baseline])
+
+
+def case_verdict(case: Case, typical: float) -> str:
+    """The goal's verdict for a case, or ``BASELINE_OUTLIER`` when one of its rounds' baseline
+    p99 exceeds ``BASELINE_OUTLIER_FACTOR`` x ``typical`` (its ratio would flatter the job)."""
+    baselines = [r.baseline.p99 for r in case.loaded if r.baseline]
+    if not math.isnan(typical) and any(b > BASELINE_OUTLIER_FACTOR * typical for b in baselines):
+        return BASELINE_OUTLIER
+    p99_ratio = [r.job.p99 / r.baseline.p99 for r in case.loaded if r.job and r.baseline]
+    behind = [r.behind_seconds for r in case.loaded]
+    met = (
+        bool(p99_ratio)
+        and statistics.median(p99_ratio) <= GOAL_P99_RATIO
+        and statistics.median(behind) <= GOAL_REPLICA_SECONDS
+    )
+    return _verdict(met)
 
 
 def _alone_against_unpaced(case: Case, cases: Sequence[Case]) -> str:

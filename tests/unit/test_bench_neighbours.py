@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from devtools.bench_neighbours import (
+    BASELINE_OUTLIER,
     JOBS,
     UNPACED,
     Case,
+    Latency,
+    RunResult,
     Transaction,
     Window,
+    _report,
+    case_verdict,
     job_window,
     latency_in,
     parse_configs,
     percentile,
     read_pgbench_logs,
+    typical_baseline_p99,
 )
 from devtools.bench_neighbours import _alone_against_unpaced as alone_against_unpaced
 
@@ -103,3 +110,59 @@ def test_a_paced_case_alone_is_compared_with_the_unpaced_case_of_its_job_round_b
     assert alone_against_unpaced(paced, cases) == "0.9x (0.5x .. 0.9x)"
     assert alone_against_unpaced(unpaced, cases) == "-"  # not against itself
     assert alone_against_unpaced(Case(retention, {}, alone=[Alone(2.0)]), [paced]) == "-"
+
+
+def _loaded(baseline_p99: float, job_p99: float, behind: float = 0.05) -> RunResult:
+    return RunResult(
+        traffic=True,
+        rows=1000,
+        window=Window(0.0, 10.0),
+        behind_seconds=behind,
+        behind_bytes=1024.0,
+        sample_gap=0.25,
+        cpu_busy=0.5,
+        job=Latency(3000, 1.0, 2.0, job_p99, 300.0),
+        baseline=Latency(3000, 0.9, 1.3, baseline_p99, 300.0),
+    )
+
+
+def _alone() -> RunResult:
+    return RunResult(False, 1000, Window(0.0, 1.0), 0.1, 1024.0, 0.25, 0.9)
+
+
+def test_a_case_with_an_outlier_baseline_gets_no_verdict():
+    slots, retention = JOBS["slots"], JOBS["retention"]
+    # the unpaced slot drain of 2026-12-05: two of three baselines met a commit stall, so its
+    # ratio read 0.6x and the goal "met"
+    stalled = Case(slots, dict(UNPACED), loaded=[_loaded(33.3, 20.0), _loaded(80.9, 17.8),
+                                                 _loaded(1.9, 20.1)])  # fmt: skip
+    paced = Case(slots, {}, loaded=[_loaded(1.8, 4.7), _loaded(1.7, 4.3), _loaded(1.9, 4.7)])
+    missed = Case(retention, {}, loaded=[_loaded(1.7, 33.3), _loaded(1.6, 30.1)])
+    cases = [stalled, paced, missed]
+    typical = typical_baseline_p99(cases)
+    assert typical == pytest.approx(1.85)  # the median of the eight baselines
+    assert case_verdict(stalled, typical) == BASELINE_OUTLIER
+    assert case_verdict(paced, typical) == "met"
+    assert case_verdict(missed, typical) == "**missed**"
+    # up to 3x the median (5.55 ms) a baseline is not an outlier; above it, it is
+    assert case_verdict(Case(slots, {}, loaded=[_loaded(5.5, 5.0)]), typical) == "met"
+    assert case_verdict(Case(slots, {}, loaded=[_loaded(5.6, 5.0)]), typical) == BASELINE_OUTLIER
+    # with nothing to compare against, the goal is judged as before
+    assert case_verdict(Case(slots, {}), math.nan) == "**missed**"
+
+
+def test_the_neighbour_table_prints_the_outlier_rule_and_no_verdict_for_the_outlier():
+    slots = JOBS["slots"]
+    stalled = Case(slots, dict(UNPACED), alone=[_alone()], loaded=[_loaded(50.0, 20.0)])
+    paced = Case(slots, {}, alone=[_alone()], loaded=[_loaded(1.8, 4.7), _loaded(1.9, 4.6)])
+    plan = SimpleNamespace(
+        neighbour_slots=(600_000, 500_000), neighbour_retention=30_000,
+        neighbour_baseline_seconds=15.0,
+    )  # fmt: skip
+    out: list[str] = []
+    _report(SimpleNamespace(plan=plan, runs=2), [stalled, paced], "PostgreSQL 18", out)
+    text = "\n".join(out)
+    assert "exceeds 3x the median baseline p99" in text
+    rows = [line for line in text.splitlines() if line.startswith("| `calendar_slot_expiration`")]
+    verdicts = [row.rstrip(" |").rsplit("| ", 1)[1] for row in rows[:2]]
+    assert verdicts == [BASELINE_OUTLIER, "met"]
