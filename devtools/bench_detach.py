@@ -208,7 +208,7 @@ SECTION = SectionSpec(
 
 
 def bench_detach_capacity(bench: Bench, out: list[str]) -> None:
-    """Issue 16: devtools/bench_detach_capacity.py (healthy and capacity-limited service)."""
+    """The section of devtools/bench_detach_capacity.py (healthy and capacity-limited service)."""
     from devtools import bench_detach_capacity as capacity
 
     capacity.run_section(bench, out, hammer=hammer, md_table=md_table, error=BenchError)
