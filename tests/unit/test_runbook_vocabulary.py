@@ -535,7 +535,7 @@ def _last_error_candidates(doc: str) -> list[str]:
     if "last_error" not in DOCS[doc]:
         return []
     looks_like_error = re.compile(
-        r"(?i)^(\.\.\.;? )?(http|timeout|connection|clienterror|unknownreason|requeued)"
+        r"(?i)^(\.\.\.;? )?(http|timeout|connection|clienterror|unknownreason|requeued:)"
         r"|max_attempts \d"
     )
     return [s for s in spans(DOCS[doc]) if looks_like_error.search(s)]
