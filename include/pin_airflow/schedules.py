@@ -21,6 +21,8 @@ from typing import Any
 import pendulum
 from croniter import croniter
 
+from include.pin_maintenance.config import brief
+
 PREFIX = "PIN_"
 _FIXED_START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
@@ -61,12 +63,12 @@ def parse_cron(name: str, value: str) -> str:
     fields = value.split()
     if len(fields) == 6:
         raise ScheduleSettingError(
-            f"{name}={value!r}: six fields; Airflow's cron has five (minute hour day month "
-            f"weekday), drop the leading seconds field, e.g. {' '.join(fields[1:])!r}"
+            f"{name}={brief(value)}: six fields; Airflow's cron has five (minute hour day month "
+            f"weekday), drop the leading seconds field, e.g. {brief(' '.join(fields[1:]))}"
         )
     if len(fields) != 5:
         raise ScheduleSettingError(
-            f"{name}={value!r}: not a cron expression of five fields (minute hour day month "
+            f"{name}={brief(value)}: not a cron expression of five fields (minute hour day month "
             "weekday), e.g. '*/5 * * * *'"
         )
     cron = " ".join(fields)
@@ -76,7 +78,7 @@ def parse_cron(name: str, value: str) -> str:
         croniter(cron, _FIXED_START).get_next()
     except (ValueError, KeyError) as exc:  # croniter's errors are ValueError subclasses
         raise ScheduleSettingError(
-            f"{name}={value!r}: not a valid cron expression ({exc})"
+            f"{name}={brief(value)}: not a valid cron expression ({brief(str(exc))})"
         ) from None
     return cron
 
@@ -87,7 +89,7 @@ def parse_timezone(name: str, value: str) -> str:
         return pendulum.timezone(value.strip()).name
     except Exception:  # pendulum raises its own InvalidTimezone (or ValueError for "")
         raise ScheduleSettingError(
-            f"{name}={value!r}: not an IANA timezone name, e.g. 'Europe/Moscow' or 'UTC'"
+            f"{name}={brief(value)}: not an IANA timezone name, e.g. 'Europe/Moscow' or 'UTC'"
         ) from None
 
 
@@ -116,7 +118,7 @@ def dag_schedule(
     raw_tz = _setting(env, tz_name)
     if raw_tz and not timezone_settable:
         raise ScheduleSettingError(
-            f"{tz_name}={raw_tz!r}: {dag_id} runs in {default_timezone} and has no timezone "
+            f"{tz_name}={brief(raw_tz)}: {dag_id} runs in {default_timezone} and has no timezone "
             f"setting; unset {tz_name}"
         )
     timezone = parse_timezone(tz_name, raw_tz) if raw_tz else default_timezone

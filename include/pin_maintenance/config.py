@@ -21,6 +21,35 @@ class ConfigError(ValueError):
     """A config key is unknown, of the wrong type or out of range."""
 
 
+# A refusal quotes a value so that a person recognizes it, never in full: a pasted 100,000-id
+# list or a megabyte string would make one unreadable line of megabytes.
+BRIEF_CHARS = 40
+
+
+def brief(value: Any) -> str:
+    """``value`` as a refusal quotes it: its repr when short, else what identifies it.
+
+    A long string is cut to its first :data:`BRIEF_CHARS` characters plus its length; a long
+    list or object is given by its size, a huge integer by its digits.
+    """
+    if isinstance(value, str):
+        text = repr(value[:BRIEF_CHARS])
+        return text if len(value) <= BRIEF_CHARS else f"{text}... ({len(value)} characters)"
+    if isinstance(value, (list, tuple, Mapping)):
+        # many items are never repr'd at all: that is what costs the time and the memory
+        if len(value) <= BRIEF_CHARS // 4 and len(text := repr(value)) <= BRIEF_CHARS:
+            return text
+        n = len(value)
+        if isinstance(value, Mapping):
+            return f"an object of {n} key{'' if n == 1 else 's'}"
+        return f"a list of {n} item{'' if n == 1 else 's'}"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        # repr of an int past 4300 digits raises (sys.get_int_max_str_digits)
+        return f"an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= BRIEF_CHARS else f"{text[:BRIEF_CHARS]}... ({len(text)} characters)"
+
+
 @dataclass(frozen=True)
 class Setting:
     """One config key: its default and allowed range (bounds are inclusive unless noted)."""
@@ -50,7 +79,7 @@ class Setting:
         )
         if not ok_type or (isinstance(value, float) and not math.isfinite(value)):
             raise ConfigError(
-                f"{self.name} = {value!r} ({source}) is not valid; allowed: {self.allowed()}"
+                f"{self.name} = {brief(value)} ({source}) is not valid; allowed: {self.allowed()}"
             )
         too_low = self.minimum is not None and (
             value <= self.minimum if self.exclusive_minimum else value < self.minimum
@@ -58,7 +87,8 @@ class Setting:
         too_high = self.maximum is not None and value > self.maximum
         if too_low or too_high:
             raise ConfigError(
-                f"{self.name} = {value!r} ({source}) is out of range; allowed: {self.allowed()}"
+                f"{self.name} = {brief(value)} ({source}) is out of range; "
+                f"allowed: {self.allowed()}"
             )
         return value
 
@@ -117,7 +147,7 @@ class ConfigSpec:
                     continue
                 if key not in by_name:
                     raise ConfigError(
-                        f"{self.job}: unknown config key {key!r} = {value!r} ({source}); "
+                        f"{self.job}: unknown config key {brief(key)} = {brief(value)} ({source}); "
                         f"allowed keys: {', '.join(sorted(by_name))}"
                     )
                 if value is None and source == "from trigger params":
@@ -150,9 +180,14 @@ class ConfigSpec:
                 f"{self.job}: {where} is not valid JSON ({exc.msg} at position "
                 f'{exc.pos}); expected a JSON object such as {{"batch_size": 100}}'
             ) from exc
+        except ValueError:  # a number of more than 4300 digits (sys.get_int_max_str_digits)
+            raise ConfigError(
+                f"{self.job}: {where} holds a number too long to read "
+                f"({len(variable)} characters in all); expected numbers such as 100"
+            ) from None
         if not isinstance(parsed, dict):
             raise ConfigError(
-                f"{self.job}: {where} = {variable!r} must be a JSON object of "
+                f"{self.job}: {where} = {brief(variable)} must be a JSON object of "
                 f"config keys, got {type(parsed).__name__}"
             )
         return parsed

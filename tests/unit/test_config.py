@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from include.pin_maintenance.config import ConfigError, ConfigSpec, Rule, Setting
+from include.pin_maintenance.config import ConfigError, ConfigSpec, Rule, Setting, brief
 
 SPEC = ConfigSpec(
     job="demo_job",
@@ -96,3 +96,70 @@ def test_invalid_config_names_key_value_and_range(variable, params, expected):
 def test_error_message_starts_with_job_name():
     with pytest.raises(ConfigError, match=r"^demo_job: "):
         SPEC.resolve(None, {"batch_size": -1})
+
+
+# A refusal is read by a person: at most a few hundred characters, the value cut short.
+REFUSAL_CHARS = 400
+
+
+@pytest.mark.parametrize(
+    ("value", "quoted"),
+    [
+        ("abc", "'abc'"),
+        ("x" * 40, repr("x" * 40)),
+        ("x" * 100_000, f"{'x' * 40!r}... (100000 characters)"),
+        ([1, 2], "[1, 2]"),
+        (["0b5c1d2e-3f40-4a5b-8c6d-7e8f90a1b2c3"] * 100_000, "a list of 100000 items"),
+        (["y" * 100_000], "a list of 1 item"),
+        ({f"k{i}": i for i in range(50)}, "an object of 50 keys"),
+        (1.5, "1.5"),
+        (True, "True"),
+        (10**5000, "an integer of about 5001 digits"),
+    ],
+    ids=[
+        "short",
+        "40-chars",
+        "long-str",
+        "list",
+        "100k-ids",
+        "huge-item",
+        "dict",
+        "float",
+        "bool",
+        "huge-int",
+    ],
+)
+def test_brief_quotes_a_short_value_whole_and_a_long_one_by_what_identifies_it(value, quoted):
+    assert brief(value) == quoted
+
+
+@pytest.mark.parametrize(
+    ("variable", "params", "named"),
+    [
+        ('{"batch_size": "' + "9" * 100_000 + '"}', None, "batch_size = '9999"),
+        (None, {"batch_size": "9" * 100_000}, "batch_size = '9999"),
+        (None, {"batch_size": list(range(100_000))}, "batch_size = a list of 100000 items"),
+        ('{"' + "k" * 100_000 + '": 1}', None, "unknown config key 'kkkk"),
+        ("[" + ",".join(["1"] * 100_000) + "]", None, "Variable demo_job = '[1,1,1,"),
+        ('{"batch_size": 1' + "0" * 5000 + "}", None, "a number too long to read"),
+        (None, {"batch_size": 10**5000}, "an integer of about 5001 digits"),
+    ],
+    ids=[
+        "variable-str",
+        "param-str",
+        "param-list",
+        "key",
+        "not-an-object",
+        "long-number",
+        "param-int",
+    ],
+)
+def test_a_huge_value_is_refused_in_a_short_line_naming_key_and_source(variable, params, named):
+    with pytest.raises(ConfigError) as err:
+        SPEC.resolve(variable, params)
+    message = str(err.value)
+    assert named in message
+    assert len(message) <= REFUSAL_CHARS, len(message)
+    assert "\n" not in message
+    source = "Variable demo_job" if variable else "trigger params"
+    assert source in message

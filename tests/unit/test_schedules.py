@@ -71,6 +71,24 @@ def test_invalid_cron_names_the_setting_and_the_value(value: str, says: str) -> 
 
 
 @pytest.mark.parametrize(
+    "value",
+    ["0 3 * * " + "8," * 50_000 + "8", "x" * 100_000, "0 " * 50_000, "* * * * " + "9" * 100_000],
+    ids=["long-list", "one-word", "many-fields", "long-field"],
+)
+def test_a_huge_cron_setting_is_refused_in_a_short_line(value: str) -> None:
+    with pytest.raises(ScheduleSettingError) as err:
+        parse_cron("PIN_X_SCHEDULE", value)
+    assert str(err.value).startswith(f"PIN_X_SCHEDULE={value[:40]!r}... ({len(value)} characters)")
+    assert len(str(err.value)) <= 400, len(str(err.value))
+
+
+def test_a_huge_timezone_setting_is_refused_in_a_short_line() -> None:
+    with pytest.raises(ScheduleSettingError) as err:
+        parse_timezone("PIN_X_TIMEZONE", "Europe/" * 20_000)
+    assert len(str(err.value)) <= 400 and "(140000 characters)" in str(err.value)
+
+
+@pytest.mark.parametrize(
     ("value", "expected"),
     [("Europe/Moscow", "Europe/Moscow"), ("UTC", "UTC"), (" Asia/Tokyo ", "Asia/Tokyo")],
 )

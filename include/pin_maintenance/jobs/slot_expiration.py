@@ -51,7 +51,7 @@ import psycopg
 from opentelemetry import context as otel_context
 
 from include.pin_maintenance import cli, privileges, sql
-from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.config import ConfigError, brief
 from include.pin_maintenance.db import Connect, SessionSettings, require_server_connections
 from include.pin_maintenance.jobs.slot_expiration_batch import (  # noqa: F401 (re-exported)
     COUNT_CAP,
@@ -170,7 +170,8 @@ def validate(config: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(config) - set(by_name))
     if unknown:
         raise ConfigError(
-            f"{JOB}: unknown config key {unknown[0]!r}; allowed keys: {', '.join(sorted(by_name))}"
+            f"{JOB}: unknown config key {brief(unknown[0])}; "
+            f"allowed keys: {', '.join(sorted(by_name))}"
         )
     values = CONFIG.defaults
     for key, value in config.items():
