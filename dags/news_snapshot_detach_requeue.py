@@ -53,7 +53,7 @@ NEWS_DB_CONN_ID = "news_db"
     max_active_runs=1,  # two requeues at once would only race over the same rows' report
     default_args={**DEFAULT_ARGS, "retries": 0},  # a person triggers it and reads the result
     params={
-        # a malformed id (or more than MAX_SNAPSHOT_IDS) is refused before a run exists
+        # a malformed id is refused before a run exists; more than MAX_SNAPSHOT_IDS by the task
         "snapshot_ids": uuid_list_param(
             "snapshot_ids",
             "Snapshot uuids of Quarantined rows to requeue, one per line (or use all_quarantined).",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -210,8 +211,8 @@ def test_requeue_choice_all():
         ([], None, "nothing chosen"),
         ("", False, "nothing chosen"),
         ([SID], True, "not both"),
-        ([SID, "not-a-uuid"], False, "'not-a-uuid' is not a valid uuid"),
-        ([123], False, "123 is not a valid uuid"),
+        ([SID, "not-a-uuid"], False, r"'not-a-uuid' \(id 2 of 2, from trigger params\) is not"),
+        ([123], False, r"123 \(id 1 of 1, from trigger params\) is not a valid uuid"),
         ({"a": 1}, False, "not valid"),
         (None, "yes", "all_quarantined"),
     ],
@@ -219,6 +220,50 @@ def test_requeue_choice_all():
 def test_requeue_choice_refusals(ids, all_q, message):
     with pytest.raises(RequeueRequestError, match=message):
         parse_choice(ids, all_q)
+
+
+def test_requeue_refusal_of_both_choices_names_where_they_came_from():
+    with pytest.raises(RequeueRequestError) as err:
+        parse_choice([SID], True)
+    assert str(err.value) == (
+        "give either snapshot_ids or all_quarantined: true, not both (got 1 snapshot id(s) "
+        "and all_quarantined = true from trigger params); nothing was changed"
+    )
+    with pytest.raises(RequeueRequestError, match="from --config"):
+        parse_choice([SID], True, source="--config")
+
+
+def _hundred_thousand_ids() -> list[str]:
+    return [str(uuid.UUID(int=n)) for n in range(100_000)]
+
+
+@pytest.mark.parametrize(
+    ("ids", "all_q", "says"),
+    [
+        (
+            _hundred_thousand_ids(),
+            False,
+            "snapshot_ids has 100000 ids (from trigger params); allowed at most 10000 per run",
+        ),
+        (" ".join(_hundred_thousand_ids()), None, "snapshot_ids has 100000 ids"),
+        (_hundred_thousand_ids(), True, "got 100000 snapshot id(s) and all_quarantined"),
+        (
+            [SID, "z" * 100_000],
+            False,
+            f"snapshot_ids: {'z' * 40!r}... (100000 characters) (id 2 of 2, from trigger params)",
+        ),
+        ({"k": "v" * 100_000}, False, "snapshot_ids = an object of 1 key (from trigger params)"),
+        (None, "y" * 100_000, f"all_quarantined = {'y' * 40!r}... (100000 characters)"),
+    ],
+    ids=["100k-ids", "100k-ids-pasted", "100k-ids-and-all", "long-id", "object", "long-flag"],
+)
+def test_requeue_refuses_a_huge_choice_in_one_short_line(ids, all_q, says):
+    with pytest.raises(RequeueRequestError) as err:
+        parse_choice(ids, all_q)
+    message = str(err.value)
+    assert says in message
+    assert len(message) <= 400 and "\n" not in message, len(message)
+    assert "trigger params" in message
 
 
 def test_pg_array_literals():

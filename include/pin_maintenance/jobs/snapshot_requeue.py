@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from include.pin_maintenance import privileges, sql
-from include.pin_maintenance.config import ConfigError, ConfigSpec
+from include.pin_maintenance.config import ConfigError, ConfigSpec, brief
 from include.pin_maintenance.db import Connect
 from include.pin_maintenance.lifecycle import JobMetrics, JobSpec, job_run
 from include.pin_maintenance.telemetry import Telemetry
@@ -52,45 +52,53 @@ class RequeueChoice:
         return f"{len(self.snapshot_ids)} snapshot id(s)"
 
 
-def parse_choice(snapshot_ids: Any, all_quarantined: Any) -> RequeueChoice:
+def parse_choice(
+    snapshot_ids: Any, all_quarantined: Any, *, source: str = "trigger params"
+) -> RequeueChoice:
     """Validate the params: a list of uuid strings XOR ``all_quarantined: true``.
 
     ``snapshot_ids`` may also be one string with ids separated by commas or whitespace (what a
-    person pastes into a form field). Raises :class:`RequeueRequestError` naming the problem.
+    person pastes into a form field). Raises :class:`RequeueRequestError` naming the problem,
+    the value (cut short, :func:`brief`), the limit and ``source`` (where the values came from).
     """
     if all_quarantined not in (None, True, False):
         raise RequeueRequestError(
-            f"all_quarantined = {all_quarantined!r} is not valid; allowed: true or false"
+            f"all_quarantined = {brief(all_quarantined)} (from {source}) is not valid; "
+            "allowed: true or false"
         )
-    ids = _as_id_list(snapshot_ids)
+    ids = _as_id_list(snapshot_ids, source)
     if ids and all_quarantined:
         raise RequeueRequestError(
             "give either snapshot_ids or all_quarantined: true, not both "
-            f"(got {len(ids)} snapshot id(s) and all_quarantined = true); nothing was changed"
+            f"(got {len(ids)} snapshot id(s) and all_quarantined = true from {source}); "
+            "nothing was changed"
         )
     if not ids and not all_quarantined:
         raise RequeueRequestError(
-            "nothing chosen: give snapshot_ids (a list of snapshot uuids) or "
+            f"nothing chosen (from {source}): give snapshot_ids (a list of snapshot uuids) or "
             "all_quarantined: true; nothing was changed"
         )
     if all_quarantined:
         return RequeueChoice(all_quarantined=True)
+    # checked here, not in the param's JSON schema: Airflow's schema error quotes the whole list
     if len(ids) > MAX_SNAPSHOT_IDS:
         raise RequeueRequestError(
-            f"snapshot_ids has {len(ids)} ids; allowed at most {MAX_SNAPSHOT_IDS} per run"
+            f"snapshot_ids has {len(ids)} ids (from {source}); allowed at most "
+            f"{MAX_SNAPSHOT_IDS} per run; nothing was changed"
         )
     normalized = []
-    for value in ids:
+    for n, value in enumerate(ids, start=1):
         try:
             normalized.append(str(uuid.UUID(str(value).strip())))
         except (ValueError, AttributeError, TypeError):
             raise RequeueRequestError(
-                f"snapshot_ids: {value!r} is not a valid uuid; nothing was changed"
+                f"snapshot_ids: {brief(value)} (id {n} of {len(ids)}, from {source}) is not "
+                "a valid uuid; nothing was changed"
             ) from None
     return RequeueChoice(snapshot_ids=tuple(dict.fromkeys(normalized)))
 
 
-def _as_id_list(value: Any) -> list[Any]:
+def _as_id_list(value: Any, source: str) -> list[Any]:
     if value is None:
         return []
     if isinstance(value, str):
@@ -98,7 +106,8 @@ def _as_id_list(value: Any) -> list[Any]:
     if isinstance(value, Iterable) and not isinstance(value, (bytes, dict)):
         return list(value)
     raise RequeueRequestError(
-        f"snapshot_ids = {value!r} is not valid; allowed: a list of snapshot uuid strings"
+        f"snapshot_ids = {brief(value)} (from {source}) is not valid; "
+        "allowed: a list of snapshot uuid strings"
     )
 
 
