@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -73,9 +74,26 @@ def test_requeue_params_refuse_a_malformed_id_before_a_run(dagbag):
     assert param.resolve([good]) == [good]
     assert snapshot_requeue.parse_choice([good], False).snapshot_ids == (good.lower(),)
     for bad in ("not-a-uuid", "0b5c1d2e3f404a5b8c6d7e8f90a1b2c3", f" {good}", f"{good}x"):
-        with pytest.raises(ParamValidationError, match="does not match"):
+        with pytest.raises(ParamValidationError, match="does not match") as err:
             param.resolve([bad])
-    assert param.schema["maxItems"] == snapshot_requeue.MAX_SNAPSHOT_IDS
+        # Airflow's message quotes the id twice and the item schema once: still short
+        assert len(f"Invalid input for param snapshot_ids: {err.value}") <= 400
+    with pytest.raises(ParamValidationError) as err:
+        param.resolve([good, "x" * 64])
+    assert len(f"Invalid input for param snapshot_ids: {err.value}") <= 400
+
+
+def test_requeue_params_leave_a_huge_value_to_the_task(dagbag):
+    """What Airflow's schema would quote in full (more ids than allowed, an id of 100,000
+    characters) passes the schema; the task refuses it in one short line (parse_choice)."""
+    from include.pin_maintenance.jobs import snapshot_requeue
+
+    param = dagbag.dags[REQUEUE].params.get_param("snapshot_ids")
+    many = [str(uuid.UUID(int=n)) for n in range(100_000)]
+    assert param.resolve(many) == many
+    assert param.resolve(["x" * 100_000]) == ["x" * 100_000]
+    assert "maxItems" not in param.schema
+    assert f"At most {snapshot_requeue.MAX_SNAPSHOT_IDS} per run." in param.description
 
 
 def _output(done) -> str:
@@ -130,6 +148,25 @@ def test_requeue_dag_moves_chosen_rows(db, run_dag):
     assert state[q1.snapshot_id].last_error == "requeued: HttpNotFound 404"
     assert state[q2.snapshot_id].status == "Quarantined"
     assert "event=job_completed" in _output(done) and "requeued_count=1" in _output(done)
+
+
+def test_requeue_dag_refuses_100000_ids_in_one_short_line(db, run_dag):
+    """The issue's case: 100,000 ids through `airflow dags test -c` gave one line of 4,000,095
+    characters (8.5 MB of output) and never said the count or the limit."""
+    q = insert_entry(db, status="Quarantined", attempts=12)
+    ids = [q.snapshot_id, *(str(uuid.UUID(int=n)) for n in range(99_999))]
+    done = run_dag(REQUEUE, db, conf={"snapshot_ids": ids})
+    out = _output(done)
+    assert done.returncode != 0
+    [line] = [ln for ln in out.splitlines() if "refused bad input" in ln]
+    assert len(line) <= 400, len(line)
+    says = "snapshot_ids has 100000 ids (from trigger params); allowed at most 10000 per run"
+    assert says in line
+    # every line short, the whole output a fraction of one copy of the ids (3.9 MB)
+    assert max(len(ln) for ln in out.splitlines()) <= 1000
+    assert len(out) < 200_000, len(out)
+    assert ids[1] not in out
+    assert rows(db)[q.snapshot_id].status == "Quarantined"
 
 
 def test_requeue_dag_refuses_an_empty_choice(db, run_dag):
