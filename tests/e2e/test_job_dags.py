@@ -9,6 +9,8 @@ CeleryExecutor (``test_celery_executor``): once per executor.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from tests.e2e import job_checks as jc
@@ -53,3 +55,37 @@ def test_invalid_params_are_refused_before_a_run_exists(
 ) -> None:
     airflow_e2e.wait_dag(dag_id)
     jc.assert_rejected(airflow_e2e, dag_id, conf)
+
+
+def test_100000_snapshot_ids_are_refused_by_the_run_in_one_short_line(
+    airflow_e2e: E2EAirflow,
+) -> None:
+    """The issue's REST case. Airflow's param schema cannot refuse a count without quoting every
+    id (jsonschema prints the whole list: a 400 of 8.5 MB), so the schema leaves the count to
+    the task: the API creates the run and its task refuses it at once, before any write."""
+    airflow_e2e.wait_dag(jc.REQUEUE)
+    airflow_e2e.set_paused(jc.REQUEUE, False)  # manual only: no schedule to keep out of the way
+    ids = [str(uuid.UUID(int=n)) for n in range(100_000)]
+    run_id = airflow_e2e.new_run_id("api-100k")
+
+    r = airflow_e2e.trigger_api(jc.REQUEUE, {"snapshot_ids": ids}, run_id)
+
+    assert r.status_code == 200, r.text[:1000]
+    assert airflow_e2e.wait_run(jc.REQUEUE, run_id)["state"] == "failed"
+    task = "requeue_quarantined_snapshots"
+    logs = airflow_e2e.api.get(
+        f"/dags/{jc.REQUEUE}/dagRuns/{run_id}/taskInstances/{task}/logs/1",
+        params={"full_content": True},
+        headers={"Accept": "application/json"},
+    )
+    assert logs.status_code == 200, logs.text[:1000]
+    # the log line's message, as the UI shows it (Airflow adds its ids as fields of its own)
+    [event] = [
+        item["event"]
+        for item in logs.json()["content"]
+        if "refused bad input" in str(item.get("event"))
+    ]
+    assert len(event) <= 400, event
+    says = "snapshot_ids has 100000 ids (from trigger params); allowed at most 10000 per run"
+    assert says in event, event
+    assert ids[1] not in logs.text and len(logs.text) < 100_000, len(logs.text)
