@@ -14,9 +14,11 @@ next run. `last_error` keeps the old cause, prefixed with `requeued:`. Nothing e
 - `dry_run`: `true` lists what would move and changes nothing. Try it first.
 
 An id that is not a uuid is refused by the trigger form and the REST API before a run exists
-(the param's schema). Neither or both choices (the form cannot tell) fail the run at once, before
-touching anything, with one line that names the problem; as bad input of a manual run it raises
-`task_failed` as a warning, not a critical page.
+(the param's schema). Neither or both choices (the form cannot tell), more than 10,000 ids or an
+id longer than 64 characters (Airflow's schema error would quote them all) fail the run at once,
+before touching anything, with one short line that names the problem, the count or the value cut
+short, the limit and the source; as bad input of a manual run it raises `task_failed` as a
+warning, not a critical page.
 
 **Result** (task return value and log line): `DryRun`, `Choice` (what was asked), the count
 `RequeuedCount` (or `WouldRequeueCount` on a dry run), `SnapshotIds` (the first 100 moved),
