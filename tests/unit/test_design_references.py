@@ -436,3 +436,74 @@ def test_the_docs_index_lists_every_document() -> None:
         if p.parent.name != "runbooks" or p.name == "README.md"
     } - {"README.md"}
     assert sorted(wanted - linked) == []
+
+
+# ------------------------------------------------ settings, metrics, events and alerts by name
+
+SETTING = re.compile(r"\b(PIN_[A-Z0-9_]*[A-Z0-9])\b")
+METRIC = re.compile(
+    r"\b((?:news_snapshot_detach|calendar_slot_expiration|activity_retention)_[a-z_]+?"
+    r"_(?:total|seconds|milliseconds|timestamp_seconds|backlog|count|ratio|rows|sessions))\b"
+)
+EVENT = re.compile(r"event=([a-z_]+)")
+ALERT_CLAIM = re.compile(r"`([a-z]+(?:_[a-z]+)+)` alert|alert `([a-z]+(?:_[a-z]+)+)`")
+CODE_SUFFIXES = {".py", ".sh", ".yml", ".yaml", ".toml", ".cfg", ".ini"}
+THIS_FILE = Path(__file__).resolve()  # its bad examples are no names the repository has
+
+
+@cache
+def _code_text() -> str:
+    """Every source and configuration file outside docs/ (what a doc's name must exist in)."""
+    parts = []
+    for path in REPO.rglob("*"):
+        rel = path.relative_to(REPO)
+        if rel.parts[0] in SKIP_DIRS | {"docs"} or not path.is_file() or path == THIS_FILE:
+            continue
+        if path.suffix in CODE_SUFFIXES or path.name in TEXT_NAMES:
+            parts.append(path.read_text(errors="replace"))
+    return "\n".join(parts)
+
+
+def unknown_names(text: str) -> list[str]:
+    """Settings (``PIN_*``), metrics, ``event=`` names and alert names that ``text`` cites and
+    no code or configuration file of the repository names."""
+    from tests.unit import test_runbook_vocabulary as vocabulary
+
+    code = _code_text()
+    bad = [s for s in SETTING.findall(text) if s not in code]
+    metrics = set(vocabulary.catalog_metrics())
+    for name in METRIC.findall(text):
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        if name not in metrics and base not in metrics:
+            bad.append(name)
+    events = set(vocabulary.logged_events())
+    bad += [e for e in EVENT.findall(text) if e not in events]
+    alerts = vocabulary.alert_names()
+    bad += [a for pair in ALERT_CLAIM.findall(text) for a in pair if a and a not in alerts]
+    return sorted(set(bad))
+
+
+def test_every_setting_metric_event_and_alert_the_docs_name_exists() -> None:
+    text = "\n".join(DOCS.values())  # the scans find names (else they would pass anything)
+    assert len(SETTING.findall(text)) >= 20 and len(METRIC.findall(text)) >= 8
+    assert len(EVENT.findall(text)) >= 20 and len(ALERT_CLAIM.findall(text)) >= 8
+    bad = {name: unknown_names(text) for name, text in DOCS.items()}
+    bad = {name: found for name, found in bad.items() if found}
+    assert not bad, f"the docs name settings, metrics, events or alerts nothing has: {bad}"
+
+
+@pytest.mark.parametrize(
+    ("text", "bad"),
+    [
+        ("`PIN_PG_URL`, `PIN_PG_MAJOR`, `PIN_REQUIRE_ALL=1`", []),
+        ("`PIN_PG_VERSION`", ["PIN_PG_VERSION"]),
+        ("`calendar_slot_expiration_items_total`", []),
+        ("`calendar_slot_expiration_rows_total`", ["calendar_slot_expiration_rows_total"]),
+        ("a line `event=job_completed stop_reason=...`", []),
+        ("`event=job_finished`", ["job_finished"]),
+        ("the `database_server_unsupported` alert", []),
+        ("alert `database_server_too_old`", ["database_server_too_old"]),
+    ],
+)  # fmt: skip
+def test_the_check_catches_a_name_nothing_has(text: str, bad: list[str]) -> None:
+    assert unknown_names(text) == bad
