@@ -239,10 +239,6 @@ class PaceTotals:
     def total(self) -> float:
         return sum(self.seconds.values())
 
-    def main_reason(self) -> str:
-        reason, seconds = max(self.seconds.items(), key=lambda item: item[1])
-        return reason if seconds > 0 else "none"
-
 
 class Pacer:
     """The pacing of one crew of batch loops (one run or one retention step).
