@@ -13,10 +13,6 @@ A missing privilege is a configuration problem, not a data problem: nothing a re
 run can fix, so the alert :data:`ALERT` says so, and the Airflow glue fails the task without a
 retry (``Telemetry.refuse``).
 
-An optional requirement (a monitoring view that only feeds a signal, such as pacing) does not
-fail the run: the check logs one warning naming what the run goes without, and the job asks the
-returned :class:`Granted` whether it may use that signal.
-
 The pure part (:func:`shortfalls`, :func:`describe`, :func:`error_text`) turns the server's
 answers into those words; :func:`require` is the one function that queries and raises.
 """
@@ -33,7 +29,7 @@ from include.pin_maintenance import server_version, sql
 from include.pin_maintenance.db import Connect
 from include.pin_maintenance.telemetry import Alert, Telemetry
 
-Kind = Literal["schema", "table", "any_column", "columns", "function", "role"]
+Kind = Literal["schema", "table", "any_column", "columns", "function"]
 
 ALERT = "database_privileges_missing"
 GRANT_SCRIPT = "include/sql/schema/job_roles.sql"
@@ -45,15 +41,14 @@ FIX = (
 
 @dataclass(frozen=True)
 class Requirement:
-    """One privilege a job needs: ``privilege`` on ``name`` (``schema.object``; a role's name
-    for ``role``), and what for, in a few words an operator reads in the error."""
+    """One privilege a job needs: ``privilege`` on ``name`` (``schema.object``), and what for,
+    in a few words an operator reads in the error."""
 
     kind: Kind
     privilege: str
     name: str
     purpose: str
     columns: tuple[str, ...] = ()
-    optional: bool = False
 
     @property
     def schema(self) -> str:
@@ -84,11 +79,6 @@ def row_locks(name: str, purpose: str) -> Requirement:
 
 def function(signature: str, purpose: str) -> Requirement:
     return Requirement("function", "EXECUTE", signature, purpose)
-
-
-def member_of(role: str, purpose: str, *, optional: bool = False) -> Requirement:
-    """The privileges of ``role`` (a predefined monitoring role such as ``pg_read_all_stats``)."""
-    return Requirement("role", "USAGE", role, purpose, optional=optional)
 
 
 ADVISORY_LOCK = function(
@@ -186,7 +176,7 @@ def items(requirements: Sequence[Requirement]) -> list[Item]:
             out += [
                 Item(index, "column", req.schema, req.object, c, req.privilege) for c in req.columns
             ]
-        elif req.kind in ("schema", "role"):
+        elif req.kind == "schema":
             out.append(Item(index, req.kind, req.name, req.name, "", req.privilege))
         else:
             out.append(Item(index, req.kind, req.schema, req.object, "", req.privilege))
@@ -231,10 +221,8 @@ def describe(role: str, shortfall: Shortfall) -> str:
     user_activity.sessions (row locks of the batch claim: ...)``."""
     req = shortfall.requirement
     if shortfall.absent:
-        kind = {"schema": "schema", "function": "function", "role": "role"}.get(req.kind, "table")
+        kind = req.kind if req.kind in ("schema", "function") else "table"
         return f"{kind} {req.name} does not exist ({req.purpose})"
-    if req.kind == "role":
-        return f"role {role} lacks the privileges of {req.name} ({req.purpose})"
     target = f"{req.kind} {req.name}" if req.kind in ("schema", "function") else req.name
     purpose = req.purpose
     if req.kind == "any_column":
@@ -277,18 +265,6 @@ class MissingPrivileges(RuntimeError):
         self.job, self.role, self.missing = job, role, tuple(missing)
 
 
-@dataclass(frozen=True)
-class Granted:
-    """What the check found: the role, and the optional requirements it does not meet (the run
-    goes without the signals they feed)."""
-
-    role: str
-    without: tuple[Requirement, ...] = ()
-
-    def allows(self, requirement: Requirement) -> bool:
-        return requirement not in self.without
-
-
 # -- the check --------------------------------------------------------------------------------
 
 
@@ -318,13 +294,12 @@ def require(
     job: str,
     telemetry: Telemetry,
     requirements: Iterable[Requirement] | None = None,
-) -> Granted:
+) -> None:
     """Check the server's version (:mod:`server_version`), then the job's privileges
     (:data:`REQUIREMENTS`, or ``requirements``), on one connection of ``connect``, before the
     run's first statement on a job table. Raise :class:`UnsupportedServer` or
     :class:`MissingPrivileges` (through ``telemetry.refuse`` when the host has one) after one
-    error line and one alert. An optional privilege missing logs one warning and is in the
-    result's ``without``."""
+    error line and one alert."""
     reqs = tuple(REQUIREMENTS[job] if requirements is None else requirements)
     with telemetry.span(f"{job} privileges"):
         conn = connect()
@@ -333,7 +308,7 @@ def require(
             role, answers = ask(conn, reqs)
         finally:
             conn.close()
-        return _judge(job, telemetry, reqs, role, answers)
+        _judge(job, telemetry, reqs, role, answers)
 
 
 def _check_server(job: str, telemetry: Telemetry, version: int) -> None:
@@ -360,9 +335,8 @@ def _judge(
     reqs: Sequence[Requirement],
     role: str,
     answers: Sequence[bool | None],
-) -> Granted:
-    found = shortfalls(reqs, answers)
-    missing = [s for s in found if not s.requirement.optional]
+) -> None:
+    missing = shortfalls(reqs, answers)
     if missing:
         error = MissingPrivileges(job, role, missing)
         telemetry.log.error(
@@ -370,11 +344,3 @@ def _judge(
         )
         telemetry.alerts.send(alert(job, role, missing))
         raise (telemetry.refuse(error) if telemetry.refuse else error) from None
-    without = [s for s in found if s.requirement.optional]
-    if without:
-        telemetry.log.warning(
-            "optional_privileges_missing",
-            role=role,
-            missing="; ".join(describe(role, s) for s in without),
-        )
-    return Granted(role, tuple(s.requirement for s in without))

@@ -9,8 +9,7 @@ this session's roles (tests/conftest.py). Here:
   object, the privilege and its use, with one ``database_privileges_missing`` alert, and
   nothing in the job tables changes;
 - the grant script applied again (through psycopg and through psql, as docs/deploying.md shows
-  it) changes nothing, takes back what it does not grant, and refuses a superuser or an owner;
-- an optional privilege missing is one warning and the run goes on without its signal.
+  it) changes nothing, takes back what it does not grant, and refuses a superuser or an owner.
 """
 
 from __future__ import annotations
@@ -115,7 +114,7 @@ def test_each_job_connects_as_its_role_which_holds_what_the_job_needs(db: Databa
     assert user == role_of(db, job)
     assert superuser is False
     telemetry = job_telemetry(job)
-    assert p.require(job_connect(db, job), job, telemetry) == p.Granted(user, ())
+    p.require(job_connect(db, job), job, telemetry)
     assert telemetry.alerts.sent == []
 
 
@@ -282,47 +281,6 @@ def test_the_airflow_glue_turns_the_refusal_into_a_failure_without_retry(db: Dat
     for span in (check, run):  # the class only, as every failed span
         assert span.attributes["error.type"] == "MissingPrivileges"
     provider.shutdown()
-
-
-# ------------------------------------------------------------------------- optional ones
-
-
-PACING = p.member_of("pg_read_all_stats", "replication lag for pacing", optional=True)
-
-
-def test_an_optional_privilege_missing_is_one_warning_and_the_run_goes_on(
-    db: Database, caplog: pytest.LogCaptureFixture
-):
-    role = role_of(db, DETACH)
-    telemetry = job_telemetry(DETACH)
-    needs = (*p.REQUIREMENTS[DETACH], PACING)
-    with caplog.at_level(logging.WARNING):
-        granted = p.require(job_connect(db, DETACH), DETACH, telemetry, needs)
-    assert granted == p.Granted(role, (PACING,))
-    assert not granted.allows(PACING)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == [
-        f"event=optional_privileges_missing job={DETACH} run_id=test role={role} "
-        f'missing="role {role} lacks the privileges of pg_read_all_stats (replication lag for '
-        'pacing)"'
-    ]
-    assert telemetry.alerts.sent == []
-
-    grant = psql_sql.SQL("{} pg_read_all_stats {} {}")
-    with db.connect(autocommit=True) as conn:
-        conn.execute(
-            grant.format(psql_sql.SQL("grant"), psql_sql.SQL("to"), psql_sql.Identifier(role))
-        )
-    try:
-        again = p.require(job_connect(db, DETACH), DETACH, job_telemetry(DETACH), needs)
-    finally:
-        with db.connect(autocommit=True) as conn:
-            conn.execute(
-                grant.format(
-                    psql_sql.SQL("revoke"), psql_sql.SQL("from"), psql_sql.Identifier(role)
-                )
-            )
-    assert again.allows(PACING)
 
 
 def test_an_object_the_database_lacks_is_named_as_missing(db: Database):

@@ -22,7 +22,6 @@ DELETE = p.table("DELETE", p.SESSIONS, "the sessions delete step")
 OUTCOMES = p.columns("UPDATE", p.OUTBOX, ("status", "last_error"), "the recorded outcomes")
 SCHEMA = p.usage("news", "every statement on the outbox")
 LOCK_FN = p.ADVISORY_LOCK
-STATS = p.member_of("pg_read_all_stats", "replication lag for pacing", optional=True)
 
 
 def test_every_job_has_its_requirements_and_a_connection() -> None:
@@ -31,7 +30,6 @@ def test_every_job_has_its_requirements_and_a_connection() -> None:
     for job, reqs in p.REQUIREMENTS.items():
         assert reqs and len(set(reqs)) == len(reqs), job
         assert all(r.purpose for r in reqs), job
-        assert not any(r.optional for r in reqs), f"{job}: nothing optional needed today"
 
 
 def test_retention_checks_every_delete_step_up_front() -> None:
@@ -44,14 +42,13 @@ def test_retention_checks_every_delete_step_up_front() -> None:
 
 
 def test_items_ask_once_per_column_and_once_for_anything_else() -> None:
-    asked = p.items([SCHEMA, OUTCOMES, LOCKS, LOCK_FN, STATS])
+    asked = p.items([SCHEMA, OUTCOMES, LOCKS, LOCK_FN])
     assert [(i.requirement, i.kind, i.schema, i.name, i.column) for i in asked] == [
         (0, "schema", "news", "news", ""),
         (1, "column", "news", "snapshot_detach_outbox", "status"),
         (1, "column", "news", "snapshot_detach_outbox", "last_error"),
         (2, "any_column", "user_activity", "sessions", ""),
         (3, "function", "pg_catalog", "pg_try_advisory_xact_lock(bigint)", ""),
-        (4, "role", "pg_read_all_stats", "pg_read_all_stats", ""),
     ]
     assert [i.privilege for i in asked] == [
         "USAGE",
@@ -59,7 +56,6 @@ def test_items_ask_once_per_column_and_once_for_anything_else() -> None:
         "UPDATE",
         "UPDATE",
         "EXECUTE",
-        "USAGE",
     ]
 
 
@@ -117,11 +113,6 @@ def test_answers_that_do_not_match_the_questions_are_refused() -> None:
             "pg_catalog.pg_try_advisory_xact_lock(bigint) (the single-runner advisory lock)",
         ),
         (
-            p.Shortfall(STATS),
-            "role pin_activity lacks the privileges of pg_read_all_stats "
-            "(replication lag for pacing)",
-        ),
-        (
             p.Shortfall(DELETE, absent=True),
             "table user_activity.sessions does not exist (the sessions delete step)",
         ),
@@ -137,7 +128,6 @@ def test_answers_that_do_not_match_the_questions_are_refused() -> None:
         "column",
         "schema",
         "function",
-        "role",
         "absent",
         "no-schema",
     ],
@@ -183,13 +173,6 @@ def test_the_alert_says_configuration_and_names_what_is_missing() -> None:
     }
     two = p.alert("x", "r", [p.Shortfall(DELETE), p.Shortfall(LOCKS)])
     assert "lacks 2 database privileges" in two.summary
-
-
-def test_granted_tells_which_optional_signal_the_run_goes_without() -> None:
-    granted = p.Granted("pin_news", (STATS,))
-    assert not granted.allows(STATS)
-    assert granted.allows(LOCK_FN)
-    assert p.Granted("pin_news").allows(STATS)
 
 
 def test_the_airflow_glue_fails_a_refused_run_without_a_retry() -> None:

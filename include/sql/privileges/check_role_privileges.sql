@@ -3,7 +3,7 @@
 -- name in the catalogs and checked by oid: the name forms of has_table_privilege and the like
 -- raise "permission denied for schema" when the role lacks USAGE on it, instead of answering.
 -- A column privilege is the column's or the table's; any_column is what a row lock needs
--- (UPDATE on at least one column); role asks whether the role has that role's privileges.
+-- (UPDATE on at least one column).
 select w.item,
        case w.kind
          when 'schema' then has_schema_privilege(n.oid, w.privilege)
@@ -11,7 +11,6 @@ select w.item,
          when 'any_column' then has_any_column_privilege(c.oid, w.privilege)
          when 'column' then has_column_privilege(c.oid, a.attnum, w.privilege)
          when 'function' then has_function_privilege(p.oid, w.privilege)
-         when 'role' then pg_has_role(r.oid, w.privilege)
        end as granted,
        current_user::text as role_name
 from unnest(%(kinds)s::text[], %(schemas)s::text[], %(names)s::text[], %(columns)s::text[],
@@ -34,5 +33,4 @@ left join pg_proc p
   on w.kind = 'function'
  and p.oid = case when w.kind = 'function'
                   then to_regprocedure(w.schema_name || '.' || w.object_name) end
-left join pg_roles r on w.kind = 'role' and r.rolname = w.object_name
 order by w.item
