@@ -27,6 +27,7 @@ from devtools.selections_service import SelectionsService
 from include.pin_maintenance import sql
 from include.pin_maintenance.db import advisory_lock, lock_key
 from include.pin_maintenance.jobs import activity_retention, slot_expiration, snapshot_detach
+from include.pin_maintenance.jobs.slot_expiration_batch import COUNT_CAP
 from include.pin_maintenance.runloop import StopSignal
 from tests.integration.runbook_sql import RUNBOOKS, Block, psql_binary, run_psql, sql_blocks
 from tests.integration.snapshot_detach_fixtures import config as detach_config
@@ -372,7 +373,7 @@ def _slot_backlog(db: Database, block: Block) -> None:
         add_slot(conn, start_in=timedelta(hours=-9), status="Expired")
         gauge = conn.execute(
             sql.load("slots/count_backlog"),
-            {"now": datetime.now(UTC), "count_cap": slot_expiration.COUNT_CAP},
+            {"now": datetime.now(UTC), "count_cap": COUNT_CAP},
         ).fetchone()[0]
     row = one(psql(db, block).rows())
     assert int(row["backlog"]) == 3 == gauge  # what the backlog gauge reports

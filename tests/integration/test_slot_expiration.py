@@ -13,6 +13,7 @@ from devtools.pg import Database
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import SessionSettings
 from include.pin_maintenance.jobs import slot_expiration as se
+from include.pin_maintenance.jobs.slot_expiration_batch import M_ERRORS, POISON_ALERT
 from include.pin_maintenance.runloop import JobCancelled
 from tests.integration.slot_expiration_fixtures import (
     DRAIN,
@@ -72,7 +73,7 @@ def test_empty_cycle_is_a_successful_no_op(slots_db: Database):
     }
     assert table_state(slots_db) == before
     assert run.metrics.counters[se.M_ITEMS] == 0
-    assert run.metrics.counters[se.M_ERRORS] == 0
+    assert run.metrics.counters[M_ERRORS] == 0
     assert run.metrics.gauges[se.M_BACKLOG] == 0
     assert se.M_LAST_SUCCESS in run.metrics.gauges
     assert run.alerts.sent == []
@@ -269,9 +270,9 @@ def test_poison_row_is_isolated_logged_alerted_and_the_rest_of_the_batch_commits
     assert (result.expired_count, result.errors_count) == (39, 1)
     assert result.poison[0].slot_id == str(poison)
     assert result.backlog == 1
-    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert run.metrics.counters[M_ERRORS] == 1
     assert [(a.name, a.details["slot_id"]) for a in run.alerts.sent] == [
-        (se.POISON_ALERT, str(poison))
+        (POISON_ALERT, str(poison))
     ]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("event=item_failed" in m and f"slot_id={poison}" in m for m in errors)
@@ -367,7 +368,7 @@ def test_interrupted_batch_rolls_back_whole_fails_the_run_and_the_next_run_finis
 
     state = table_state(slots_db)
     assert [state[i][:2] for i in ids] == [("Expired", 2)] * 10 + [("Available", 1)] * 20
-    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert run.metrics.counters[M_ERRORS] == 1
     assert lock_all_nowait(slots_db) == 30
 
     assert run_job(slots_db, {**DRAIN, "batch_size": 10}).expired_count == 20
@@ -544,7 +545,7 @@ def test_a_failing_runner_fails_the_run_and_cancels_its_siblings_batch_in_hand(
     middle = [state[i][:2] for i in ids[10:30]]  # both batches in hand rolled back
     assert middle == [("Available", 1)] * 20
     assert [state[i][:2] for i in ids[30:]] == [("Available", 1)] * 10  # nobody went on
-    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert run.metrics.counters[M_ERRORS] == 1
     assert lock_all_nowait(slots_db) == 40
 
     assert run_job(slots_db, {**DRAIN, "batch_size": 10}).expired_count == 30
@@ -564,8 +565,8 @@ def test_poison_row_is_isolated_by_whichever_runner_meets_it(slots_db: Database)
     assert [p.slot_id for p in result.poison] == [str(poison)]
     assert table_state(slots_db)[poison][:2] == ("Available", 1)
     assert statuses(slots_db) == {"Expired": 59, "Available": 1}
-    assert run.metrics.counters[se.M_ERRORS] == 1
-    assert [a.name for a in run.alerts.sent] == [se.POISON_ALERT]
+    assert run.metrics.counters[M_ERRORS] == 1
+    assert [a.name for a in run.alerts.sent] == [POISON_ALERT]
 
 
 # --- a slot updated (not booked) between the statement's snapshot and its row lock ----------

@@ -22,6 +22,7 @@ from psycopg import sql
 
 from devtools.pg import Database
 from include.pin_maintenance.jobs import slot_expiration as se
+from include.pin_maintenance.jobs.slot_expiration_batch import M_ERRORS, POISON_ALERT
 from tests.integration.slot_expiration_fixtures import (
     DRAIN,
     NOW,
@@ -123,11 +124,11 @@ def test_more_poison_rows_than_the_alert_cap_are_all_logged_and_counted_but_20_a
 
     assert len(bad) == 25 > se.MAX_POISON_ALERTS_PER_CYCLE == 20
     assert len(result.poison) == 25
-    assert run.metrics.counters[se.M_ERRORS] == 25
+    assert run.metrics.counters[M_ERRORS] == 25
     failed = [r.getMessage() for r in caplog.records if "event=item_failed" in r.getMessage()]
     assert len(failed) == 25
     assert len(run.alerts.sent) == 20
-    assert {a.name for a in run.alerts.sent} == {se.POISON_ALERT}
+    assert {a.name for a in run.alerts.sent} == {POISON_ALERT}
     assert statuses(slots_db) == {"Expired": 75, "Available": 25}
 
 
@@ -166,7 +167,7 @@ def test_a_database_failure_during_isolation_writes_nothing_and_fails_the_run(
     messages = [r.getMessage() for r in caplog.records]
     assert any("event=batch_isolating" in m for m in messages)
     assert any("event=job_failed" in m and "57P01" in m for m in messages)
-    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert run.metrics.counters[M_ERRORS] == 1
     assert run.alerts.sent == []  # no row was found poison: the isolation never finished
     assert se.M_LAST_SUCCESS not in run.metrics.gauges
 
@@ -197,7 +198,7 @@ def test_a_read_only_database_fails_the_cycle_at_once_without_isolating(
     [failed] = [m for m in messages if "event=job_failed" in m]
     assert "25006" in failed and "expired_count=0" in failed, failed
     assert run.alerts.sent == []
-    assert run.metrics.counters[se.M_ERRORS] == 1
+    assert run.metrics.counters[M_ERRORS] == 1
     assert se.M_LAST_SUCCESS not in run.metrics.gauges
     assert update_statements(slots_db) == 0  # the server ran no UPDATE: nothing bisected
     assert table_state(slots_db) == before

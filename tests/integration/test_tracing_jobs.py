@@ -21,6 +21,7 @@ from devtools.retention_data import seed_sessions
 from devtools.selections_service import DEFAULT_PASSWORD
 from include.pin_maintenance.jobs import activity_retention, snapshot_detach
 from include.pin_maintenance.jobs import slot_expiration as se
+from include.pin_maintenance.jobs.slot_expiration_batch import MAX_SPAN_TENANTS
 from include.pin_maintenance.runloop import StopSignal
 from tests.integration import slot_expiration_fixtures as slots
 from tests.integration.snapshot_detach_fixtures import (
@@ -178,12 +179,12 @@ def test_slot_batches_name_their_tenants_under_one_run_span_across_runners(db, t
 
 def test_slot_batch_names_at_most_max_span_tenants(db, tracing):
     exporter, tracer = tracing
-    slots.insert_due(db, se.MAX_SPAN_TENANTS + 5)
+    slots.insert_due(db, MAX_SPAN_TENANTS + 5)
     run = slots.Run(job_telemetry(se.JOB, "trace_run", tracer=tracer), None, None)  # type: ignore[arg-type]
     slots.run_job(db, {"batch_size": 500, "runners": 1}, run=run)
     (batch, *_) = _by_name(exporter.get_finished_spans(), f"{se.JOB} batch")
-    assert len(batch.attributes["pin.tenant_ids"]) == se.MAX_SPAN_TENANTS
-    assert batch.attributes["pin.tenant_count"] == se.MAX_SPAN_TENANTS + 5
+    assert len(batch.attributes["pin.tenant_ids"]) == MAX_SPAN_TENANTS
+    assert batch.attributes["pin.tenant_count"] == MAX_SPAN_TENANTS + 5
 
 
 def test_retention_steps_and_batches_are_spans_of_the_run(db, tracing):

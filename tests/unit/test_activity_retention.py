@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from datetime import UTC, datetime
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs import activity_retention as job
+from include.pin_maintenance.jobs.activity_retention_plan import _COUNT_SQL, _DELETE_SQL, _KEY_START
+from include.pin_maintenance.jobs.activity_retention_walk import _sample_ids
 from include.pin_maintenance.runloop import StopReason
 from tests.job_db import job_telemetry
 
@@ -65,7 +68,7 @@ def test_edges_of_the_ranges_are_valid():
 
 
 def test_every_query_file_exists():
-    for name in [*job._DELETE_SQL.values(), *job._COUNT_SQL.values()]:
+    for name in [*_DELETE_SQL.values(), *_COUNT_SQL.values()]:
         assert sql.load(name)
     for name in ("plan_run", "count_eligible_sessions", "seconds_until"):
         assert sql.load(f"retention/{name}")
@@ -193,10 +196,10 @@ def test_each_step_stops_at_its_share_of_the_run_and_the_last_at_the_run_deadlin
                 last_ended_at="2025-01-01T00:00:00+00:00",
                 last_id="00000000-0000-0000-0000-000000000007",
             ),
-            (datetime(2025, 1, 1, tzinfo=UTC), job.uuid.UUID(int=7)),
+            (datetime(2025, 1, 1, tzinfo=UTC), uuid.UUID(int=7)),
         ),
         # a busy lock: it covered nothing, nor do the later steps
-        (job.StepResult("action_events", lock_skipped=True), job._KEY_START),
+        (job.StepResult("action_events", lock_skipped=True), _KEY_START),
     ],
 )
 def test_a_later_step_covers_what_the_step_before_it_covered(step, covered):
@@ -211,6 +214,6 @@ def test_lock_alert_threshold_is_the_lease_not_the_run_budget():
 
 
 def test_a_failed_batch_logs_at_most_20_of_its_ids():
-    literal = "{" + ",".join(str(job.uuid.UUID(int=i)) for i in range(5000)) + "}"
-    assert job._sample_ids(literal) == [str(job.uuid.UUID(int=i)) for i in range(20)]
-    assert job._sample_ids("{}") == []
+    literal = "{" + ",".join(str(uuid.UUID(int=i)) for i in range(5000)) + "}"
+    assert _sample_ids(literal) == [str(uuid.UUID(int=i)) for i in range(20)]
+    assert _sample_ids("{}") == []

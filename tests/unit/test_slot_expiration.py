@@ -16,6 +16,7 @@ from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import is_row_error
 from include.pin_maintenance.jobs import slot_expiration as se
+from include.pin_maintenance.jobs.slot_expiration_batch import M_ERRORS, CycleState, PoisonSlot
 from include.pin_maintenance.pacing import paced_metrics
 from include.pin_maintenance.runloop import StopSignal
 from include.pin_maintenance.telemetry import RecordingMetrics
@@ -80,45 +81,27 @@ def test_dry_run_param_is_not_a_config_key():
         ({"max_batches_per_cycle": 100_000}, {"max_batches_per_cycle": 100_000}),
     ],
 )
-def test_validate_accepts_resolved_configs(config, expected):
-    defaults = {
-        "batch_size": 500,
-        "max_batches_per_cycle": 1,
-        "runners": 2,
-        "max_run_duration_seconds": 30,
-        "max_replica_lag_seconds": 2,
-        "max_neighbour_slowdown": 2,
-        "max_wal_mb_per_second": 4,
-    }
-    assert se.validate(config) == defaults | expected
+def test_a_run_takes_a_partial_config_with_the_defaults(config, expected):
+    # what run() does with the config it is handed (the CLI's, a test's, the task's)
+    assert se.CONFIG.resolve(config, variable_source="config") == se.CONFIG.defaults | expected
 
 
 @pytest.mark.parametrize(
-    ("config", "connections"),
+    ("config", "message"),
     [
-        ({}, 1),  # the seed's bound: one batch, one connection, runners never start
-        ({"runners": 8}, 1),
-        ({"max_batches_per_cycle": 2}, 2),
-        ({"max_batches_per_cycle": 50, "runners": 4}, 4),
-        ({"max_batches_per_cycle": 50, "runners": 1}, 1),
+        ({"batch_size": 0}, "batch_size = 0 (from config) is out of range"),
+        ({"batch_size": "500"}, "batch_size = '500' (from config) is not valid"),
+        ({"max_run_duration_seconds": 0}, "max_run_duration_seconds = 0 (from config)"),
+        ({"max_attempts": 3}, "unknown config key 'max_attempts'"),
+        ({"max_neighbour_slowdown": 0.5}, "max_neighbour_slowdown = 0.5 (from config)"),
     ],
 )
-def test_server_connections_a_cycle_holds_at_once(config, connections):
-    assert se.server_connections(config) == connections
+def test_a_run_refuses_a_bad_config_before_it_connects(config, message):
+    def connect():
+        raise AssertionError("must not connect")
 
-
-@pytest.mark.parametrize(
-    ("config", "key"),
-    [
-        ({"batch_size": 0}, "batch_size"),
-        ({"batch_size": "500"}, "batch_size"),
-        ({"max_run_duration_seconds": 0}, "max_run_duration_seconds"),
-        ({"max_attempts": 3}, "max_attempts"),
-    ],
-)
-def test_validate_rejects_bad_configs_naming_the_key(config, key):
-    with pytest.raises(ConfigError, match=key):
-        se.validate(config)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        se.run(connect, config, job_telemetry(se.JOB), StopSignal())
 
 
 @pytest.mark.parametrize(
@@ -204,7 +187,7 @@ def test_metric_names_are_the_contract():
         se.M_ITEMS,
         se.M_BACKLOG,
         se.M_SKIP_LOCKED,
-        se.M_ERRORS,
+        M_ERRORS,
         se.M_LAST_SUCCESS,
     } == {
         "calendar_slot_expiration_cycle_duration_seconds",
@@ -226,14 +209,14 @@ def test_unreachable_database_fails_the_cycle_and_counts_an_error(tmp_path):
     with pytest.raises(psycopg.OperationalError):
         se.run(connect, {}, telemetry, StopSignal())
     paced = dict.fromkeys(paced_metrics(se.M_PACED_PREFIX), 0)  # sent at 0, never paced
-    assert metrics.counters == {se.M_ITEMS: 0, se.M_SKIP_LOCKED: 0, se.M_ERRORS: 1} | paced
+    assert metrics.counters == {se.M_ITEMS: 0, se.M_SKIP_LOCKED: 0, M_ERRORS: 1} | paced
     assert se.M_LAST_SUCCESS not in metrics.gauges
 
 
 def test_a_poison_slot_met_by_two_runners_counts_once():
-    cycle = se.CycleState(as_of=datetime(2026, 6, 1, tzinfo=UTC), batch_size=10)
-    first = se.PoisonSlot("slot-1", "P0001: rejected")
+    cycle = CycleState(as_of=datetime(2026, 6, 1, tzinfo=UTC), batch_size=10)
+    first = PoisonSlot("slot-1", "P0001: rejected")
 
     assert cycle.batch_done(9, [first]) == (1, [first])
-    assert cycle.batch_done(0, [se.PoisonSlot("slot-1", "P0001: rejected again")]) == (2, [])
+    assert cycle.batch_done(0, [PoisonSlot("slot-1", "P0001: rejected again")]) == (2, [])
     assert (cycle.expired, cycle.excluded_ids) == (9, ["slot-1"])

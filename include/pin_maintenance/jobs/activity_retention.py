@@ -90,8 +90,6 @@ from include.pin_maintenance import cli, privileges, sql
 from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
 from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
 from include.pin_maintenance.jobs.activity_retention_plan import (
-    _COUNT_SQL,
-    _DELETE_SQL,
     _KEY_START,
     DELETED_METRIC,
     LOCK_NAME,
@@ -112,7 +110,6 @@ from include.pin_maintenance.jobs.activity_retention_walk import (
     STOP_GRACE_SECONDS,
     BatchFailed,
     KeysetWalk,
-    _sample_ids,
 )
 from include.pin_maintenance.lifecycle import JobRun, job_run
 from include.pin_maintenance.pacing import Pacer, PacingLimits
@@ -135,16 +132,11 @@ __all__ = [
     "STEP_DEADLINE_SHARE",
     "STOP_GRACE_SECONDS",
     "TABLES",
-    "_COUNT_SQL",
-    "_DELETE_SQL",
-    "_KEY_START",
     "BatchFailed",
     "Connect",
     "RetentionResult",
     "RunPlan",
     "StepResult",
-    "_runner_count",
-    "_sample_ids",
     "delete_step",
     "lock_lease_seconds",
     "main",
@@ -531,7 +523,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_cli(args: cli.CliRun) -> dict[str, Any]:
+def _run(args: cli.CliRun) -> dict[str, Any]:
     return run(args.connect, args.config, args.telemetry, args.stop, dry_run=args.dry_run).as_dict()
 
 
@@ -541,7 +533,7 @@ CLI = cli.JobCli(
     database="user-activity database",
     description="Run ActivityRetentionJob once against a database (no Airflow needed).",
     session=SESSION_SETTINGS,
-    run=_run_cli,
+    run=_run,
     add_arguments=_add_arguments,
     session_for=lambda args: dataclasses.replace(
         SESSION_SETTINGS, lock_timeout_ms=args.lock_timeout_ms

@@ -51,23 +51,16 @@ import psycopg
 from opentelemetry import context as otel_context
 
 from include.pin_maintenance import cli, privileges, sql
-from include.pin_maintenance.config import ConfigError, brief
 from include.pin_maintenance.db import Connect, SessionSettings, require_server_connections
-from include.pin_maintenance.jobs.slot_expiration_batch import (  # noqa: F401 (re-exported)
+from include.pin_maintenance.jobs.slot_expiration_batch import (
     COUNT_CAP,
     M_ERRORS,
-    MAX_SPAN_TENANTS,
-    POISON_ALERT,
     CycleState,
     KeysetPosition,
     PoisonSlot,
     run_batch,
 )
-from include.pin_maintenance.jobs.slot_expiration_config import (  # noqa: F401 (re-exported)
-    CONFIG,
-    CONN_ID,
-    JOB,
-)
+from include.pin_maintenance.jobs.slot_expiration_config import CONFIG, JOB
 from include.pin_maintenance.lifecycle import (
     MAX_ROW_ALERTS_PER_RUN,
     CappedAlerts,
@@ -164,34 +157,6 @@ class ExpirationResult:
         return out
 
 
-def validate(config: Mapping[str, Any]) -> dict[str, Any]:
-    """Check an already resolved config again (the job never runs on an unchecked value)."""
-    by_name = {s.name: s for s in CONFIG.settings}
-    unknown = sorted(set(config) - set(by_name))
-    if unknown:
-        raise ConfigError(
-            f"{JOB}: unknown config key {brief(unknown[0])}; "
-            f"allowed keys: {', '.join(sorted(by_name))}"
-        )
-    values = CONFIG.defaults
-    for key, value in config.items():
-        try:
-            values[key] = by_name[key].check(value, "config")
-        except ConfigError as exc:
-            raise ConfigError(f"{JOB}: {exc}") from None
-    return values
-
-
-def server_connections(config: Mapping[str, Any]) -> int:
-    """Server connections a cycle holds at once with ``config`` (docs/deploying.md, "Behind a
-    pooler"): one per batch loop; the side loops exist only when a cycle may take more than one
-    batch. No lock connection (the seed has no global lock)."""
-    values = validate(config)
-    if int(values["max_batches_per_cycle"]) <= 1:
-        return 1
-    return int(values["runners"])
-
-
 def run(
     connect: Connect,
     config: Mapping[str, Any],
@@ -209,7 +174,8 @@ def run(
     :class:`JobCancelled` after a clean stop between batches, and the database error after
     rolling back the batch in hand when the database fails.
     """
-    values = validate(config)
+    # a partial config (the CLI's, a test's) gets the defaults; an unchecked value never runs
+    values = CONFIG.resolve(config, variable_source="config")
     with job_run(SPEC, telemetry) as job:
         started = clock()
         cycle = CycleState(as_of=now(), batch_size=int(values["batch_size"]))
@@ -518,7 +484,7 @@ def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def _cli_run(run_: cli.CliRun) -> Mapping[str, Any]:
+def _run(run_: cli.CliRun) -> Mapping[str, Any]:
     return run(run_.connect, run_.config, run_.telemetry, run_.stop, dry_run=run_.dry_run).as_dict()
 
 
@@ -528,7 +494,7 @@ CLI = cli.JobCli(
     database="calendar database",
     description=__doc__ or "",
     session=SESSION,
-    run=_cli_run,
+    run=_run,
 )
 
 
