@@ -116,14 +116,19 @@ def calendar_slot_expiration():
     @task(execution_timeout=timedelta(minutes=10), multiple_outputs=False)
     def expire_slots(**context) -> dict:
         """Run one expiration cycle; return {ExpiredCount, SkippedLockedCount, DurationMs, ...}."""
-        from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
+        from include.pin_airflow.runtime import (
+            frozen_heap,
+            postgres_connect,
+            resolve_config,
+            telemetry_for,
+        )
         from include.pin_maintenance.jobs import slot_expiration
         from include.pin_maintenance.runloop import StopSignal
 
         params = context["params"]
         config = resolve_config(CONFIG, params)  # before any write; bad values fail, no retry
         connect = postgres_connect(CONN_ID, slot_expiration.SESSION)
-        with StopSignal().on_sigterm() as stop:
+        with frozen_heap(), StopSignal().on_sigterm() as stop:
             result = slot_expiration.run(
                 connect,
                 config,

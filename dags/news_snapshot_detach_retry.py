@@ -125,7 +125,12 @@ def news_snapshot_detach_retry():
         """Claim due outbox rows, call selections detach, record each outcome (bounded run)."""
         from airflow.sdk import get_current_context
 
-        from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
+        from include.pin_airflow.runtime import (
+            frozen_heap,
+            postgres_connect,
+            resolve_config,
+            telemetry_for,
+        )
         from include.pin_airflow.selections import selections_detach_client
         from include.pin_maintenance.db import SessionSettings
         from include.pin_maintenance.jobs import snapshot_detach
@@ -140,7 +145,7 @@ def news_snapshot_detach_retry():
         connect = postgres_connect(NEWS_DB_CONN_ID, SessionSettings(application_name=CONFIG.job))
         client = None if dry_run else selections_detach_client()
         try:
-            with StopSignal().on_sigterm() as stop:
+            with frozen_heap(), StopSignal().on_sigterm() as stop:
                 result = snapshot_detach.run(
                     connect, config, telemetry, stop, client, dry_run=dry_run
                 )

@@ -124,14 +124,14 @@ def _delete(
     after: dict[str, Any] | None,
     context: dict[str, Any],
 ) -> dict[str, Any]:
-    from include.pin_airflow.runtime import postgres_connect, telemetry_for
+    from include.pin_airflow.runtime import frozen_heap, postgres_connect, telemetry_for
     from include.pin_maintenance.jobs import activity_retention as job
     from include.pin_maintenance.runloop import StopSignal
 
     telemetry = telemetry_for(JOB, context)
     connect = postgres_connect(CONN_ID, job.SESSION_SETTINGS)
     previous = job.StepResult.from_xcom(after) if after else None
-    with StopSignal().on_sigterm() as stop:
+    with frozen_heap(), StopSignal().on_sigterm() as stop:
         step = job.delete_step(
             connect, job.RunPlan.from_xcom(plan), table, telemetry, stop, after=previous
         )

@@ -15,7 +15,6 @@ phase name; only the last phase completes the run.
 
 from __future__ import annotations
 
-import gc
 import queue
 import threading
 import time
@@ -246,7 +245,7 @@ def job_run(
     the body did not announce through :meth:`JobRun.cancelled` logs ``job_cancelled``) and is
     re-raised as it is, so the task fails with the original error.
     """
-    with telemetry.run_span(f"{spec.job} {phase}") as span, _heap_freeze.held():
+    with telemetry.run_span(f"{spec.job} {phase}") as span:
         run = JobRun(spec, telemetry, span, wall_clock)
         try:
             yield run
@@ -257,36 +256,3 @@ def job_run(
         except BaseException as exc:
             telemetry.log.error(FAILED, error=describe_error(exc), phase=phase, **run.progress)
             raise
-
-
-class _HeapFreeze:
-    """The objects alive when a run starts are left out of the garbage collector's scans
-    until the last run in the process ends (``gc.freeze``, as Airflow does around a fork).
-
-    In a task process that heap is Airflow's (about 700k objects): each full collection
-    walked it with the GIL held, 0.5-1 s in which no thread of the run could move. A heap the
-    process had frozen already stays frozen.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._runs = 0
-        self._thaw = False
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        with self._lock:
-            if self._runs == 0:
-                self._thaw = gc.get_freeze_count() == 0
-                gc.freeze()
-            self._runs += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._runs -= 1
-                if self._runs == 0 and self._thaw:
-                    gc.unfreeze()
-
-
-_heap_freeze = _HeapFreeze()
