@@ -86,7 +86,12 @@ from include.pin_airflow.dag_support import (
 )
 from include.pin_airflow.deadlines import deadline_alert
 from include.pin_airflow.schedules import dag_schedule
-from include.pin_maintenance.jobs.slot_expiration_config import CONFIG, CONN_ID, JOB
+from include.pin_maintenance.jobs.slot_expiration_config import (
+    CONFIG,
+    CONN_ID,
+    JOB,
+    worst_case_run_seconds,
+)
 
 # Seed 002: every 5 min, UTC; PIN_CALENDAR_SLOT_EXPIRATION_SCHEDULE changes the cron (a bad
 # value is an import error naming it).
@@ -112,7 +117,8 @@ SCHEDULE = dag_schedule(JOB, "*/5 * * * *", "UTC")
 )
 def calendar_slot_expiration():
     # A cycle is bounded by max_run_duration_seconds (default 30 s) plus one batch statement
-    # (statement_timeout 30 s); the timeout is only the backstop for a hung connection.
+    # (statement_timeout 30 s); the timeout is only the backstop for a hung connection, and a
+    # max_run_duration_seconds that would outlast it is refused before the cycle starts.
     @task(execution_timeout=timedelta(minutes=10), multiple_outputs=False)
     def expire_slots(**context) -> dict:
         """Run one expiration cycle; return {ExpiredCount, SkippedLockedCount, DurationMs, ...}."""
@@ -126,7 +132,8 @@ def calendar_slot_expiration():
         from include.pin_maintenance.runloop import StopSignal
 
         params = context["params"]
-        config = resolve_config(CONFIG, params)  # before any write; bad values fail, no retry
+        # before any write; bad values (one the timeout cannot hold too) fail, no retry
+        config = resolve_config(CONFIG, context, worst_case_run_seconds)
         connect = postgres_connect(CONN_ID, slot_expiration.SESSION)
         with frozen_heap(), StopSignal().on_sigterm() as stop:
             result = slot_expiration.run(

@@ -93,7 +93,7 @@ from include.pin_airflow.dag_support import (
 )
 from include.pin_airflow.deadlines import deadline_alert
 from include.pin_airflow.schedules import dag_schedule
-from include.pin_maintenance.jobs.snapshot_detach_config import CONFIG
+from include.pin_maintenance.jobs.snapshot_detach_config import CONFIG, worst_case_run_seconds
 
 NEWS_DB_CONN_ID = "news_db"
 # Seed 000's PollingInterval: every 5 min, UTC; PIN_NEWS_SNAPSHOT_DETACH_RETRY_SCHEDULE changes
@@ -119,7 +119,7 @@ SCHEDULE = dag_schedule(CONFIG.job, "*/5 * * * *", "UTC")
 )
 def news_snapshot_detach_retry():
     # A run ends within max_run_duration_seconds + detach_call_timeout_seconds + 5 s (default
-    # 250 s); the timeout only catches a hung worker.
+    # 250 s); the timeout only catches a hung worker, and a run bound past it is refused.
     @task(execution_timeout=timedelta(minutes=10), multiple_outputs=False)
     def detach_pending_snapshots() -> dict:
         """Claim due outbox rows, call selections detach, record each outcome (bounded run)."""
@@ -139,7 +139,7 @@ def news_snapshot_detach_retry():
         context = get_current_context()
         params = context["params"]
         # Fails here, before any call or write; a bad value fails without a retry.
-        config = resolve_config(CONFIG, params)
+        config = resolve_config(CONFIG, context, worst_case_run_seconds)
         dry_run = bool(params.get("dry_run"))
         telemetry = telemetry_for(CONFIG.job, context)
         connect = postgres_connect(NEWS_DB_CONN_ID, SessionSettings(application_name=CONFIG.job))

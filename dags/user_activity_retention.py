@@ -71,6 +71,7 @@ and what it would delete as `WouldDeleteSessions`, `WouldDeletePropertyObjectVie
 
 from __future__ import annotations
 
+import functools
 import os
 from datetime import timedelta
 from typing import Any
@@ -93,11 +94,11 @@ CONN_ID = "user_activity_db"
 SCHEDULE = dag_schedule(JOB, "0 3 * * *", "Europe/Moscow", timezone_settable=True)
 
 # A delete task runs at most its share of max_run_duration_seconds (1800 by default) plus one
-# batch; the timeout is the backstop for a task that hangs outside any statement_timeout.
-# Raise it with the Variable only together with this value. The environment variable
-# PIN_RETENTION_DELETE_TIMEOUT_SECONDS replaces it (read when the file is parsed: Airflow needs
-# execution_timeout at parse time, where a Variable would mean metadata access); the tests use
-# it to make the timeout fire in the middle of a step. A bad value is an import error.
+# batch (activity_retention_config.worst_case_step_seconds); the timeout is the backstop for a
+# task that hangs outside any statement_timeout, and prepare refuses a max_run_duration_seconds
+# it could not hold. The environment variable PIN_RETENTION_DELETE_TIMEOUT_SECONDS replaces it
+# (read when the file is parsed: Airflow needs execution_timeout at parse time, where a Variable
+# would mean metadata access). A bad value is an import error.
 DELETE_TIMEOUT_ENV = "PIN_RETENTION_DELETE_TIMEOUT_SECONDS"
 
 
@@ -166,10 +167,22 @@ def user_activity_retention() -> None:
         """Validate the config, fix the run's cutoff on the DB clock, gauge the backlog."""
         from include.pin_airflow.runtime import postgres_connect, resolve_config, telemetry_for
         from include.pin_maintenance.jobs import activity_retention as job
+        from include.pin_maintenance.jobs.activity_retention_config import (
+            STEP_DEADLINE_SHARE,
+            worst_case_step_seconds,
+        )
 
         params = context["params"]
-        # Before anything touches the DB; a bad value fails the task without a retry.
-        config = resolve_config(job.CONFIG, params)
+        # Before anything touches the DB; a bad value fails the task without a retry, and so
+        # does a run bound a delete task's execution_timeout cannot hold.
+        config = resolve_config(
+            job.CONFIG,
+            context,
+            {
+                f"delete_{table}": functools.partial(worst_case_step_seconds, table=table)
+                for table in STEP_DEADLINE_SHARE
+            },
+        )
         connect = postgres_connect(CONN_ID, job.SESSION_SETTINGS)
         telemetry = telemetry_for(JOB, context)
         plan = job.prepare(connect, config, telemetry, dry_run=bool(params.get("dry_run")))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -15,7 +16,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
 from include.pin_maintenance import privileges, server_version
-from include.pin_maintenance.config import ConfigError, ConfigSpec
+from include.pin_maintenance.config import ConfigError, ConfigSpec, Rule
 from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.telemetry import JobLog, Telemetry
 
@@ -42,16 +43,78 @@ class InvalidConfig(ConfigError, AirflowFailException):
     infrastructure failures keep their retry). Still a ConfigError for callers and tests."""
 
 
-def resolve_config(spec: ConfigSpec, params: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Defaults <- Variable named after the DAG id <- trigger params
+# A job's worst-case run length with a resolved config, in seconds (e.g.
+# slot_expiration_config.worst_case_run_seconds).
+RunSeconds = Callable[[Mapping[str, Any]], float]
+# The key that sets how long a run goes on, in every job.
+RUN_KEY = "max_run_duration_seconds"
+
+
+def resolve_config(
+    spec: ConfigSpec,
+    context: Mapping[str, Any],
+    run_seconds: RunSeconds | Mapping[str, RunSeconds] | None = None,
+) -> dict[str, Any]:
+    """Defaults <- Variable named after the DAG id <- the run's params
     (docs/design.md, "Configuration").
+
+    ``run_seconds`` is the job's worst-case rule for the running task, or one per task id of
+    its DAG when the config is resolved for tasks that run later (retention's prepare). A
+    ``max_run_duration_seconds`` that needs longer than the task's ``execution_timeout`` is
+    refused here: Airflow would kill the run mid-way and retry it into the same wall.
 
     Raises :class:`InvalidConfig` naming the key, its value and the allowed range.
     """
+    params = context.get("params")
     try:
-        return spec.resolve(read_variable_json(spec.job), params_for_spec(spec, params))
+        return spec.resolve(
+            read_variable_json(spec.job),
+            params_for_spec(spec, params),
+            rules=timeout_rules(context, run_seconds),
+        )
     except ConfigError as exc:
         raise refuse(exc) from None
+
+
+def timeout_rules(
+    context: Mapping[str, Any], run_seconds: RunSeconds | Mapping[str, RunSeconds] | None
+) -> tuple[Rule, ...]:
+    """One :func:`timeout_rule` per task that has an ``execution_timeout``."""
+    if run_seconds is None:
+        return ()
+    ti = context["ti"]
+    by_task = run_seconds if isinstance(run_seconds, Mapping) else {ti.task_id: run_seconds}
+    rules = []
+    for task_id, seconds in by_task.items():
+        task = ti.task if task_id == ti.task_id else ti.task.dag.get_task(task_id)
+        if task.execution_timeout is not None:
+            timeout = task.execution_timeout.total_seconds()
+            rules.append(timeout_rule(task_id, timeout, seconds))
+    return tuple(rules)
+
+
+def timeout_rule(task_id: str, timeout: float, seconds: RunSeconds) -> Rule:
+    """``max_run_duration_seconds`` such that ``seconds`` (the job's worst case) fits in
+    ``timeout``; the message names both and the largest value that fits."""
+    return Rule(
+        RUN_KEY,
+        lambda v: seconds(v) <= timeout,
+        lambda v: _largest_fitting(v, timeout, seconds),
+        problem=lambda v: (
+            f"needs up to {seconds(v):g} s in task {task_id}, "
+            f"more than its execution_timeout of {timeout:g} s"
+        ),
+    )
+
+
+def _largest_fitting(values: Mapping[str, Any], timeout: float, seconds: RunSeconds) -> str:
+    # The rules grow linearly with the key: its share of it plus what the rest of the run needs.
+    rest = seconds({**values, RUN_KEY: 0})
+    share = (seconds(values) - rest) / float(values[RUN_KEY])
+    largest = (timeout - rest) / share if share > 0 else 0.0
+    if largest <= 0:
+        return f"none until the execution_timeout exceeds {rest:g} s"
+    return f"<= {math.floor(largest * 1000) / 1000:g}"
 
 
 def refuse(exc: ConfigError) -> InvalidConfig:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,12 +97,14 @@ class Setting:
 class Rule:
     """A constraint between keys, e.g. ``lock_ttl_seconds > max_run_duration_seconds``.
 
-    ``allowed`` renders the allowed range from the resolved values, for the error message.
+    ``allowed`` renders the allowed range from the resolved values, for the error message;
+    ``problem`` says what is wrong with the value when "is out of range" says too little.
     """
 
     key: str
     holds: Callable[[Mapping[str, Number]], bool]
     allowed: Callable[[Mapping[str, Number]], str]
+    problem: Callable[[Mapping[str, Number]], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -125,13 +127,15 @@ class ConfigSpec:
         params: Mapping[str, Any] | None = None,
         *,
         variable_source: str | None = None,
+        rules: Sequence[Rule] = (),
     ) -> dict[str, Number]:
         """Merge defaults, the Variable (JSON text or mapping) and params; validate everything.
 
         A param whose value is ``None`` means "not given" (the DAG declares its params with a
         ``None`` default so that the Variable can still override the code default).
         ``variable_source`` names where the JSON came from when it is not the Airflow Variable
-        (a CLI's ``--config``), so that an error points at what the user typed.
+        (a CLI's ``--config``), so that an error points at what the user typed. ``rules`` are
+        checked after the spec's own, for a limit the caller knows (a task's timeout).
         """
         where = variable_source or f"Variable {self.job}"
         by_name = {s.name: s for s in self.settings}
@@ -158,11 +162,12 @@ class ConfigSpec:
                     raise ConfigError(f"{self.job}: {exc}") from None
                 sources[key] = source
 
-        for rule in self.rules:
+        for rule in (*self.rules, *rules):
             if not rule.holds(values):
+                problem = rule.problem(values) if rule.problem else "is out of range"
                 raise ConfigError(
                     f"{self.job}: {rule.key} = {values[rule.key]!r} ({sources[rule.key]}) "
-                    f"is out of range; allowed: {rule.allowed(values)}"
+                    f"{problem}; allowed: {rule.allowed(values)}"
                 )
         return values
 

@@ -146,6 +146,21 @@ def test_invalid_variable_fails_the_run_naming_the_key_before_any_write(db: Data
     assert statuses(db) == {"Available": 6, "Booked": 1, "Archived": 1}
 
 
+def test_a_run_duration_the_timeout_cannot_hold_fails_the_run_naming_both(db: Database, run_dag):
+    _seed(db)
+
+    done = run_dag(DAG_ID, db, variables={DAG_ID: json.dumps({"max_run_duration_seconds": 3600})})
+
+    output = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert (
+        "max_run_duration_seconds = 3600 (from Variable calendar_slot_expiration) needs up to "
+        "3635 s in task expire_slots, more than its execution_timeout of 600 s; allowed: <= 565"
+    ) in output, output[-3000:]
+    assert "AirflowTaskTimeout" not in output
+    assert statuses(db) == {"Available": 6, "Booked": 1, "Archived": 1}
+
+
 def test_invalid_param_fails_the_run_naming_the_key(db: Database, run_dag):
     _seed(db)
 

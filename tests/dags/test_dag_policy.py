@@ -64,6 +64,31 @@ def test_every_task_has_a_docstring_timeout_and_bounded_retries(dagbag, dag_id):
         assert task.retry_delay == timedelta(seconds=30), f"{task.task_id}: {task.retry_delay}"
 
 
+def test_the_default_run_bounds_fit_the_tasks_timeouts(dagbag):
+    """What resolve_config checks for every run, at the defaults: no shipped DAG refuses itself."""
+    from include.pin_maintenance.jobs import activity_retention_config as retention
+    from include.pin_maintenance.jobs import slot_expiration_config as slots
+    from include.pin_maintenance.jobs import snapshot_detach_config as detach
+
+    needs = {
+        ("calendar_slot_expiration", "expire_slots"): slots.worst_case_run_seconds(
+            slots.CONFIG.defaults
+        ),
+        ("news_snapshot_detach_retry", "detach_pending_snapshots"): detach.worst_case_run_seconds(
+            detach.CONFIG.defaults
+        ),
+        **{
+            ("user_activity_retention", f"delete_{table}"): retention.worst_case_step_seconds(
+                retention.CONFIG.defaults, table
+            )
+            for table in retention.STEP_DEADLINE_SHARE
+        },
+    }
+    for (dag_id, task_id), seconds in needs.items():
+        timeout = dagbag.dags[dag_id].get_task(task_id).execution_timeout.total_seconds()
+        assert seconds <= timeout, (dag_id, task_id, seconds, timeout)
+
+
 @pytest.mark.parametrize("dag_id", sorted(EXPECTED))
 def test_dag_file_does_no_io_at_import(dag_id):
     """Import the DAG file with an audit hook that records sockets, subprocesses and DB opens.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from devtools.retention_data import seed_sessions
@@ -10,6 +12,7 @@ from tests.dags.conftest import dag_of
 pytestmark = pytest.mark.dags
 
 DAG_ID = "user_activity_retention"
+TIMEOUT_FIXTURES = Path(__file__).resolve().parent / "fixtures_dags" / "timeout"
 TABLES = ("sessions", "property_object_views", "action_events", "property_object_view_stats")
 
 
@@ -236,8 +239,8 @@ def test_execution_timeout_mid_step_stops_the_step_cleanly(run_dag, db):
     """``execution_timeout`` fires while a batch loop is inside a 60 s statement: the Task SDK
     raises AirflowTaskTimeout (a BaseException) in the task's main thread; the job cancels
     every loop's statement in flight on the server, rolls back the batches not committed,
-    closes its connections, and the task fails with that exception. The test-only override
-    of the timeout is the DAG file's PIN_RETENTION_DELETE_TIMEOUT_SECONDS."""
+    closes its connections, and the task fails with that exception. The DAG itself refuses a
+    timeout that short in prepare, so the fixture DAG runs its first delete task under one."""
     import threading
     import time
 
@@ -272,10 +275,9 @@ def test_execution_timeout_mid_step_stops_the_step_cleanly(run_dag, db):
     watcher.start()
     try:
         result = run_dag(
-            DAG_ID,
+            "pin_fixture_retention_timeout",
             db,
-            conf={"batch_size": 5},
-            extra_env={"PIN_RETENTION_DELETE_TIMEOUT_SECONDS": "4"},
+            extra_env={"AIRFLOW__CORE__DAGS_FOLDER": str(TIMEOUT_FIXTURES)},
         )
     finally:
         done.set()

@@ -88,7 +88,13 @@ import psycopg
 
 from include.pin_maintenance import cli, privileges, sql
 from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
-from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
+from include.pin_maintenance.jobs.activity_retention_config import (
+    CANCEL_TIMEOUT_SECONDS,
+    CONFIG,
+    JOB,
+    STEP_DEADLINE_SHARE,
+    STOP_GRACE_SECONDS,
+)
 from include.pin_maintenance.jobs.activity_retention_plan import (
     _KEY_START,
     DELETED_METRIC,
@@ -105,12 +111,7 @@ from include.pin_maintenance.jobs.activity_retention_plan import (
     RunPlan,
     StepResult,
 )
-from include.pin_maintenance.jobs.activity_retention_walk import (
-    CANCEL_TIMEOUT_SECONDS,
-    STOP_GRACE_SECONDS,
-    BatchFailed,
-    KeysetWalk,
-)
+from include.pin_maintenance.jobs.activity_retention_walk import BatchFailed, KeysetWalk
 from include.pin_maintenance.lifecycle import JobRun, job_run
 from include.pin_maintenance.pacing import Pacer, PacingLimits
 from include.pin_maintenance.parallel import Deadline
@@ -145,20 +146,6 @@ __all__ = [
     "run",
     "step_deadline",
 ]
-
-# The run's budget split between the delete steps, as the point of the run's window (from
-# prepare to deadline_at) where each step stops claiming. Each later step covers only the
-# sessions the step before it covered, so what the first step clears is the night's work, and
-# the later steps must be able to finish it: action_events claims for the first fifth;
-# property_object_views may run until 50 % (1.5x the first step's time), sessions has at
-# least the last 50 % (2.5x), plus whatever the views step did not need. Per batch, a later
-# step costs 0.15-1.07x an action_events batch in docs/benchmarks.md's profile (5000
-# sessions), and more at small batches on a loaded machine (measured: views 0.9x, sessions
-# 1.5x with one view and one event per session, and sessions 1.9x once in a loaded
-# `make test`). A step that finishes early leaves its time to the next one. Only a backlog
-# larger than the time budget meets this split; a run bounded by max_batches_per_run (the
-# usual case at the defaults) never does.
-STEP_DEADLINE_SHARE = {"action_events": 0.2, "property_object_views": 0.5, "sessions": 1.0}
 
 
 def step_deadline(plan: RunPlan, table: str) -> datetime:

@@ -1,5 +1,5 @@
-"""The activity retention (seed 003) job: its id and config keys
-(docs/design.md, "Configuration").
+"""The activity retention (seed 003) job: its id, config keys and how long each delete task
+may take with them (docs/design.md, "Configuration").
 
 DAG files import this module at parse time, so it imports nothing heavier than the config
 rules themselves (no database driver, no HTTP client).
@@ -7,10 +7,50 @@ rules themselves (no database driver, no HTTP client).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from include.pin_maintenance.config import ConfigSpec, Setting
 from include.pin_maintenance.pacing_config import PACING_RULES, PACING_SETTINGS
 
 JOB = "user_activity_retention"
+
+# The run's budget split between the delete steps, as the point of the run's window (from
+# prepare to deadline_at) where each step stops claiming. Each later step covers only the
+# sessions the step before it covered, so what the first step clears is the night's work, and
+# the later steps must be able to finish it: action_events claims for the first fifth;
+# property_object_views may run until 50 % (1.5x the first step's time), sessions has at
+# least the last 50 % (2.5x), plus whatever the views step did not need. Per batch, a later
+# step costs 0.15-1.07x an action_events batch in docs/benchmarks.md's profile (5000
+# sessions), and more at small batches on a loaded machine (measured: views 0.9x, sessions
+# 1.5x with one view and one event per session, and sessions 1.9x once in a loaded
+# `make test`). A step that finishes early leaves its time to the next one. Only a backlog
+# larger than the time budget meets this split; a run bounded by max_batches_per_run (the
+# usual case at the defaults) never does.
+STEP_DEADLINE_SHARE = {"action_events": 0.2, "property_object_views": 0.5, "sessions": 1.0}
+
+# A batch's statements touch up to batch_size sessions and all their children (RI triggers
+# included): more than the 30 s default, still far below the lock lease margin.
+STATEMENT_TIMEOUT_SECONDS = 120
+# After any exception in a batch loop: a cancel request per loop (psycopg's cancel_safe waits
+# at most this long for each; they are sent one after the other), then each loop rolls back
+# and closes its connection.
+CANCEL_TIMEOUT_SECONDS = 5.0
+# The bounded join of the loops (run_lanes' grace): past the step's deadline the batches in
+# hand may still run their two statements (claim + delete, each <= statement_timeout); after a
+# cancel, loops stop within one cancel round trip. A loop still running after this is reported
+# (LanesDidNotStop) instead of waited for.
+STOP_GRACE_SECONDS = 2 * STATEMENT_TIMEOUT_SECONDS + 2 * CANCEL_TIMEOUT_SECONDS
+
+
+def worst_case_step_seconds(values: Mapping[str, Any], table: str) -> float:
+    """How long the delete task of ``table`` may take at most with ``values``: the run's
+    window starts at prepare, before the task, and the task claims batches until its share of
+    it (:data:`STEP_DEADLINE_SHARE`); its loops then stop within :data:`STOP_GRACE_SECONDS`."""
+    return STEP_DEADLINE_SHARE[table] * float(values["max_run_duration_seconds"]) + (
+        STOP_GRACE_SECONDS
+    )
+
 
 CONFIG = ConfigSpec(
     job=JOB,

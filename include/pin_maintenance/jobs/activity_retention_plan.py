@@ -13,7 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from include.pin_maintenance.db import SessionSettings
-from include.pin_maintenance.jobs.activity_retention_config import CONFIG, JOB
+from include.pin_maintenance.jobs.activity_retention_config import (
+    CONFIG,
+    JOB,
+    STATEMENT_TIMEOUT_SECONDS,
+)
 from include.pin_maintenance.lifecycle import JobMetrics, JobSpec
 from include.pin_maintenance.pacing import paced_metrics
 from include.pin_maintenance.runloop import StopReason
@@ -21,10 +25,8 @@ from include.pin_maintenance.runloop import StopReason
 LOCK_NAME = "job:scheduled:activity-retention"
 LOCK_TTL_MARGIN_SECONDS = 300
 
-# Statements of one batch touch up to batch_size sessions and all their children (RI triggers
-# included): allow more than the 30 s default, still far below the lock lease margin.
 SESSION_SETTINGS = SessionSettings(
-    statement_timeout_ms=120_000,
+    statement_timeout_ms=STATEMENT_TIMEOUT_SECONDS * 1000,
     lock_timeout_ms=5_000,
     application_name="pin-activity-retention",
 )

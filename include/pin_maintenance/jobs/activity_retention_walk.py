@@ -39,6 +39,10 @@ from opentelemetry.trace import Span
 from psycopg import pq
 
 from include.pin_maintenance import sql
+from include.pin_maintenance.jobs.activity_retention_config import (
+    CANCEL_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+)
 from include.pin_maintenance.jobs.activity_retention_plan import (
     _COUNT_SQL,
     _DELETE_SQL,
@@ -47,7 +51,6 @@ from include.pin_maintenance.jobs.activity_retention_plan import (
     DELETED_METRIC,
     JOB,
     M_BATCHES,
-    SESSION_SETTINGS,
     RunPlan,
     StepResult,
 )
@@ -57,15 +60,6 @@ from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_ba
 from include.pin_maintenance.runloop import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Alert, Telemetry, error_code
 
-# After any exception in a batch loop: a cancel request per loop (psycopg's cancel_safe waits
-# at most this long for each; they are sent one after the other), then each loop rolls back
-# and closes its connection.
-CANCEL_TIMEOUT_SECONDS = 5.0
-# The bounded join of the loops (run_lanes' grace): past the step's deadline the batches in
-# hand may still run their two statements (claim + delete, each <= statement_timeout); after a
-# cancel, loops stop within one cancel round trip. A loop still running after this is reported
-# (LanesDidNotStop) instead of waited for.
-STOP_GRACE_SECONDS = 2 * SESSION_SETTINGS.statement_timeout_ms / 1000 + 2 * CANCEL_TIMEOUT_SECONDS
 # A failed batch's log and alert carry its first/last id, its count and up to this many ids.
 FAILED_BATCH_SAMPLE_IDS = 20
 

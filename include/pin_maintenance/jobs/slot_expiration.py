@@ -60,7 +60,12 @@ from include.pin_maintenance.jobs.slot_expiration_batch import (
     PoisonSlot,
     run_batch,
 )
-from include.pin_maintenance.jobs.slot_expiration_config import CONFIG, JOB
+from include.pin_maintenance.jobs.slot_expiration_config import (
+    CONFIG,
+    JOB,
+    STATEMENT_TIMEOUT_SECONDS,
+    STOP_GRACE_SECONDS,
+)
 from include.pin_maintenance.lifecycle import (
     MAX_ROW_ALERTS_PER_RUN,
     CappedAlerts,
@@ -75,13 +80,12 @@ from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_ba
 from include.pin_maintenance.runloop import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 
-# One statement never runs longer than this; a slow batch is an infrastructure failure.
 # A batch commit need not wait for the WAL flush: a commit lost in a server crash only leaves its
 # slots Available, and the next cycle expires them (nothing downstream saw the transition; the
 # seed publishes no events). Saves a WAL flush per batch. Like the timeouts it is set in each
 # transaction (db.configured), so it never reaches another client of a pooled server connection.
 SESSION = SessionSettings(
-    statement_timeout_ms=30_000,
+    statement_timeout_ms=STATEMENT_TIMEOUT_SECONDS * 1000,
     lock_timeout_ms=5_000,
     application_name="pin-slot-expiration",
     synchronous_commit="off",
@@ -110,10 +114,6 @@ SPEC = JobSpec(
 # A trigger that rejects every row would otherwise raise one alert per slot; past this many in
 # one cycle the rest are only logged and counted (errors_total keeps the true number).
 MAX_POISON_ALERTS_PER_CYCLE = MAX_ROW_ALERTS_PER_RUN
-
-# A loop still in a statement when the cycle is cancelled stops within the statement timeout
-# (the cancel hook interrupts it at once; this is the bound if the server does not answer).
-STOP_GRACE_SECONDS = SESSION.statement_timeout_ms / 1000 + 5
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The slot expiration (seed 002) job: its id and config keys
-(docs/design.md, "Configuration").
+"""The slot expiration (seed 002) job: its id, config keys and how long a cycle may take
+with them (docs/design.md, "Configuration").
 
 DAG files import this module at parse time, so it imports nothing heavier than the config
 rules themselves (no database driver, no HTTP client).
@@ -7,11 +7,28 @@ rules themselves (no database driver, no HTTP client).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from include.pin_maintenance.config import ConfigSpec, Setting
 from include.pin_maintenance.pacing_config import PACING_RULES, PACING_SETTINGS
 
 JOB = "calendar_slot_expiration"
 CONN_ID = "calendar_db"
+
+# One statement never runs longer than this; a slow batch is an infrastructure failure.
+STATEMENT_TIMEOUT_SECONDS = 30
+# A loop still in a statement when the cycle is cancelled stops within the statement timeout
+# (the cancel hook interrupts it at once; this is the bound if the server does not answer).
+STOP_GRACE_SECONDS = STATEMENT_TIMEOUT_SECONDS + 5
+
+
+def worst_case_run_seconds(values: Mapping[str, Any]) -> float:
+    """How long a cycle may take at most with ``values``: no batch starts after
+    max_run_duration_seconds, and the loops in a statement then stop within
+    :data:`STOP_GRACE_SECONDS`."""
+    return float(values["max_run_duration_seconds"]) + STOP_GRACE_SECONDS
+
 
 CONFIG = ConfigSpec(
     job=JOB,
