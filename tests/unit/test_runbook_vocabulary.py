@@ -24,7 +24,7 @@ import yaml
 from include.pin_maintenance import lifecycle
 from include.pin_maintenance.db import lock_key
 from include.pin_maintenance.jobs import activity_retention, snapshot_detach
-from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome, answer_of, decide
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOKS = REPO / "docs" / "runbooks"
@@ -360,7 +360,7 @@ def last_error_values() -> set[str]:
     outcomes += [CallOutcome(error_class="ClientError:RuntimeError")]
     for outcome in outcomes:
         for attempts in (1, max_attempts):
-            error = snapshot_detach.classify(outcome, attempts, max_attempts).error
+            error = decide(answer_of(outcome), attempts, max_attempts).error
             if error:
                 values.add(error)
     assert '"UnknownReason"' in (REPO / snapshot_detach.__file__).read_text()

@@ -1,4 +1,6 @@
-"""Adaptive concurrency, Retry-After pauses and the outage breaker (pure rules + the gate)."""
+"""Adaptive concurrency, Retry-After pauses and the outage breaker (pure rules + the gate).
+
+The gate reads each call's answer (tests/unit/test_snapshot_detach_answers.py has the table)."""
 
 from __future__ import annotations
 
@@ -7,68 +9,33 @@ import time
 
 import pytest
 
-from include.pin_maintenance.jobs.snapshot_detach import Verdict, classify
-from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
-from include.pin_maintenance.jobs.snapshot_detach_flow import (
-    MAX_PAUSE_SECONDS,
-    Breaker,
-    CallGate,
-    Signal,
-    call_signal,
-)
+from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome, Streak, answer_of
+from include.pin_maintenance.jobs.snapshot_detach_flow import MAX_PAUSE_SECONDS, Breaker, CallGate
 from include.pin_maintenance.jobs.snapshot_detach_limit import WINDOW_MIN_CALLS
 from include.pin_maintenance.parallel import Deadline
 
 
-@pytest.mark.parametrize(
-    ("outcome", "signal"),
-    [
-        (CallOutcome(200), Signal.HEALTHY),
-        (CallOutcome(204), Signal.HEALTHY),
-        (CallOutcome(404), Signal.ANSWERED),
-        (CallOutcome(400), Signal.ANSWERED),
-        (CallOutcome(401), Signal.ANSWERED),
-        (CallOutcome(429), Signal.THROTTLED),
-        (CallOutcome(503), Signal.OVERLOADED),
-        (CallOutcome(502), Signal.OVERLOADED),
-        (CallOutcome(504), Signal.OVERLOADED),
-        (CallOutcome(500), Signal.FAILED),
-        (CallOutcome(error_class="Timeout"), Signal.OVERLOADED),
-        (CallOutcome(error_class="ConnectionError"), Signal.OVERLOADED),
-        (CallOutcome(error_class="ChunkedEncodingError"), Signal.FAILED),
-        (CallOutcome(error_class="ClientError:RuntimeError"), Signal.OTHER),
-        (CallOutcome(302), Signal.OTHER),
-    ],
-)
-def test_call_signal(outcome, signal):
-    assert call_signal(outcome) is signal
+def answer(*args, **kwargs):
+    """A call's answer, as the worker hands it to the gate."""
+    return answer_of(CallOutcome(*args, **kwargs))
 
 
 def test_breaker_opens_on_consecutive_failures_only():
     breaker = Breaker(3)
-    for row, signal in [("a", Signal.FAILED), ("b", Signal.OVERLOADED), ("c", Signal.HEALTHY)]:
-        assert not breaker.record(row, signal)
-    assert not breaker.record("d", Signal.THROTTLED)  # 429: the service answers, resets
-    assert not breaker.record("e", Signal.FAILED)
-    assert not breaker.record("x", Signal.OTHER)  # our own client error: neither
-    assert not breaker.record("f", Signal.OVERLOADED)
-    assert breaker.record("g", Signal.FAILED)
+    for row, code in [("a", 500), ("b", 503), ("c", 200)]:
+        assert not breaker.record(row, answer(code).streak)
+    assert not breaker.record("d", answer(429).streak)  # 429: the service answers, resets
+    assert not breaker.record("e", answer(500).streak)
+    client_error = answer(error_class="ClientError:RuntimeError")
+    assert client_error.streak is Streak.NONE
+    assert not breaker.record("x", client_error.streak)  # our own client error: neither
+    assert not breaker.record("f", answer(error_class="Timeout").streak)
+    assert breaker.record("g", answer(500).streak)
     assert breaker.is_open and breaker.failures_at_open == 3
     assert breaker.outage_rows == {"e", "f", "g"}
-    assert not breaker.record("h", Signal.FAILED)  # in flight when it opened
-    assert not breaker.record("i", Signal.HEALTHY)
+    assert not breaker.record("h", Streak.FAILURE)  # in flight when it opened
+    assert not breaker.record("i", Streak.RESET)
     assert breaker.outage_rows == {"e", "f", "g", "h"}
-
-
-def test_outage_decision_gives_the_attempt_back_even_at_max_attempts():
-    decision = classify(CallOutcome(503, retry_after_seconds=30), 12, 12, outage=True)
-    assert decision.verdict is Verdict.OUTAGE
-    assert decision.error == "HttpServerError 503 retry_after=30s"
-    assert decision.retry_after_seconds == 30
-    assert decision.is_failed_call
-    # an outage does not change final answers
-    assert classify(CallOutcome(200), 3, 12, outage=True).verdict is Verdict.DONE
-    assert classify(CallOutcome(404), 3, 12, outage=True).verdict is Verdict.QUARANTINE
 
 
 def _gate(**kwargs):
@@ -90,13 +57,13 @@ def test_gate_admits_up_to_the_limit_and_grows():
     waiter = threading.Thread(target=second, daemon=True)
     waiter.start()
     assert not blocked.wait(0.3)  # limit 1: the second call waits for the first
-    gate.release(first, "r1", CallOutcome(200))
+    gate.release(first, "r1", answer(200))
     assert blocked.wait(2)
     waiter.join(2)
     assert gate.limit.slots == 1 and gate.stats.peak_in_flight == 1
-    gate.release(got[0], "r2", CallOutcome(200))
+    gate.release(got[0], "r2", answer(200))
     for i in range(WINDOW_MIN_CALLS):  # a window of healthy answers at the limit: it grows
-        gate.release(gate.acquire(), f"w{i}", CallOutcome(200))
+        gate.release(gate.acquire(), f"w{i}", answer(200))
     assert gate.limit.slots == 2
 
 
@@ -115,7 +82,7 @@ def _traffic(gate, now, until, step=0.1):
         now[0] += step
         ticket = gate.acquire()
         now[0] += 0.02
-        gate.release(ticket, "other", CallOutcome(200))
+        gate.release(ticket, "other", answer(200))
 
 
 def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
@@ -125,9 +92,9 @@ def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
     now[0] = 0.6
     ticket = gate.acquire()  # the gate looks at the calls in flight whenever it admits one
     assert gate.stats.stalls == 1 and gate.limit.slots == 4
-    assert not gate.release(ticket, "fast", CallOutcome(200))
+    assert not gate.release(ticket, "fast", answer(200))
     now[0] = 1.02
-    assert not gate.release(stuck, "slow", CallOutcome(200))  # counted once, not again
+    assert not gate.release(stuck, "slow", answer(200))  # counted once, not again
     assert gate.stats.stalls == 1 and gate.limit.cuts == 1
 
 
@@ -138,15 +105,15 @@ def test_a_pause_of_the_whole_process_is_not_a_stall():
     tickets = [gate.acquire() for _ in range(4)]
     now[0] = 0.65
     for i, ticket in enumerate(tickets):
-        assert not gate.release(ticket, f"r{i}", CallOutcome(200))
+        assert not gate.release(ticket, f"r{i}", answer(200))
     assert gate.stats.stalls == 0 and gate.limit.slots == 8
     # while workers keep passing the gate, a call left behind is a stall
     stuck = gate.acquire()
     for step in range(1, 7):
         now[0] = 0.65 + 0.1 * step
-        gate.release(gate.acquire(), f"f{step}", CallOutcome(200))
+        gate.release(gate.acquire(), f"f{step}", answer(200))
     assert gate.stats.stalls == 1
-    gate.release(stuck, "stuck", CallOutcome(200))
+    gate.release(stuck, "stuck", answer(200))
 
 
 def test_a_stalled_call_lost_while_the_service_answered_others_may_be_made_again():
@@ -154,31 +121,31 @@ def test_a_stalled_call_lost_while_the_service_answered_others_may_be_made_again
     lost = gate.acquire()
     _traffic(gate, now, 5.0)  # calls started after it are answered
     now[0] = 5.0
-    assert gate.release(lost, "lost", CallOutcome(error_class="Timeout"))
+    assert gate.release(lost, "lost", answer(error_class="Timeout"))
     assert gate.stats.retried == 1
     # a service that answers nobody (an outage) gets no second call
     down = gate.acquire()
     now[0] = 10.0
-    assert not gate.release(down, "down", CallOutcome(error_class="ConnectionError"))
+    assert not gate.release(down, "down", answer(error_class="ConnectionError"))
     # nor does a call that failed fast (refused), stalled or not
     quick = gate.acquire()
-    assert not gate.release(quick, "refused", CallOutcome(error_class="ConnectionError"))
+    assert not gate.release(quick, "refused", answer(error_class="ConnectionError"))
 
 
 def test_a_connection_lost_fast_while_the_service_answered_others_may_be_made_again():
     gate, now = _gate_at_base()
     reset = gate.acquire()
     now[0] = 0.01
-    gate.release(gate.acquire(), "later", CallOutcome(200))  # started after it, answered
+    gate.release(gate.acquire(), "later", answer(200))  # started after it, answered
     now[0] = 0.03  # well before a stall: the connection was reset, not dropped
-    assert gate.release(reset, "reset", CallOutcome(error_class="ConnectionError"))
+    assert gate.release(reset, "reset", answer(error_class="ConnectionError"))
     assert gate.stats.retried == 1 and gate.stats.stalls == 0
 
 
 def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():
     gate = _gate()
     ticket = gate.acquire()
-    gate.release(ticket, "r1", CallOutcome(429, retry_after_seconds=0.4))
+    gate.release(ticket, "r1", answer(429, retry_after_seconds=0.4))
     started = time.monotonic()
     assert gate.acquire() is not None
     assert time.monotonic() - started >= 0.35
@@ -186,7 +153,7 @@ def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():
 
     short = _gate(deadline=Deadline(1))
     ticket = short.acquire()
-    short.release(ticket, "r1", CallOutcome(503, retry_after_seconds=120))
+    short.release(ticket, "r1", answer(503, retry_after_seconds=120))
     started = time.monotonic()
     assert short.acquire() is None  # the pause outlasts the run: stop calling at once
     assert time.monotonic() - started < 0.5
@@ -194,7 +161,7 @@ def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():
 
     long = _gate()
     ticket = long.acquire()
-    long.release(ticket, "r1", CallOutcome(429, retry_after_seconds=MAX_PAUSE_SECONDS + 1))
+    long.release(ticket, "r1", answer(429, retry_after_seconds=MAX_PAUSE_SECONDS + 1))
     assert long.acquire() is None  # too long to sit out: stop calling for this run
     assert long.stats.stopped_by_retry_after
 
@@ -204,7 +171,7 @@ def test_gate_refuses_calls_once_the_breaker_is_open():
     gate = _gate(on_open=lambda breaker, outcome: opened.append(outcome.status_code))
     for i in range(3):
         ticket = gate.acquire()
-        gate.release(ticket, f"r{i}", CallOutcome(500))
+        gate.release(ticket, f"r{i}", answer(500))
     assert gate.is_open and opened == [500]
     assert gate.acquire() is None
     assert gate.outage_row("r0") and not gate.outage_row("r9")
@@ -227,15 +194,15 @@ def test_an_overshoot_burst_of_refusals_does_not_open_the_breaker():
     gate = CallGate(9, 32, 3, deadline=Deadline(60), stopped=lambda: False)
     tickets = [gate.acquire() for _ in range(9)]
     for i, ticket in enumerate(tickets[:5]):
-        gate.release(ticket, f"r{i}", CallOutcome(503))
+        gate.release(ticket, f"r{i}", answer(503))
     assert not gate.is_open  # one cut, one congestion event
     assert gate.limit.cuts == 1
     for i, ticket in enumerate(tickets[5:]):
-        gate.release(ticket, f"ok{i}", CallOutcome(200))
+        gate.release(ticket, f"ok{i}", answer(200))
     # a real outage still opens it: each call after a cut fails again
     for i in range(3):
         ticket = gate.acquire()
-        gate.release(ticket, f"o{i}", CallOutcome(503))
+        gate.release(ticket, f"o{i}", answer(503))
     assert gate.is_open
 
 
@@ -243,8 +210,8 @@ def test_stale_failures_of_a_streak_that_opens_are_given_back_too():
     gate = CallGate(4, 32, 2, deadline=Deadline(60), stopped=lambda: False)
     tickets = [gate.acquire() for _ in range(4)]
     for i, ticket in enumerate(tickets):
-        gate.release(ticket, f"s{i}", CallOutcome(503))  # one cut, three stale
+        gate.release(ticket, f"s{i}", answer(503))  # one cut, three stale
     ticket = gate.acquire()
-    gate.release(ticket, "next", CallOutcome(503))  # started after the cut: counts
+    gate.release(ticket, "next", answer(503))  # started after the cut: counts
     assert gate.is_open
     assert all(gate.outage_row(r) for r in ("s0", "s1", "s2", "s3", "next"))

@@ -1,4 +1,5 @@
-"""Pure rules of the detach retry job: outcome classification, Retry-After, config, requeue."""
+"""Pure rules of the detach retry job: Retry-After, config, requeue (the answer table:
+test_snapshot_detach_answers.py)."""
 
 from __future__ import annotations
 
@@ -8,103 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from include.pin_maintenance.config import ConfigError
-from include.pin_maintenance.jobs.snapshot_detach import (
-    CONFIG,
-    LAST_ERROR_MAX,
-    CallOutcome,
-    Verdict,
-    classify,
-    clean_error,
-)
+from include.pin_maintenance.jobs.snapshot_detach import CONFIG
 from include.pin_maintenance.jobs.snapshot_detach_client import parse_retry_after
 from include.pin_maintenance.jobs.snapshot_requeue import RequeueRequestError, parse_choice
-
-MAX = 12
-
-
-@pytest.mark.parametrize(
-    ("outcome", "attempts", "verdict", "error"),
-    [
-        (CallOutcome(200), 1, Verdict.DONE, None),
-        (CallOutcome(204), 12, Verdict.DONE, None),
-        (CallOutcome(500), 1, Verdict.RETRY, "HttpServerError 500"),
-        (CallOutcome(502), 11, Verdict.RETRY, "HttpServerError 502"),
-        (
-            CallOutcome(503, retry_after_seconds=30),
-            2,
-            Verdict.RETRY,
-            "HttpServerError 503 retry_after=30s",
-        ),
-        (CallOutcome(error_class="Timeout"), 3, Verdict.RETRY, "Timeout"),
-        (CallOutcome(error_class="ConnectionError"), 3, Verdict.RETRY, "ConnectionError"),
-        (
-            CallOutcome(429, retry_after_seconds=120),
-            1,
-            Verdict.RETRY,
-            "HttpTooManyRequests 429 retry_after=120s",
-        ),
-        (CallOutcome(429), 1, Verdict.RETRY, "HttpTooManyRequests 429"),
-        (CallOutcome(408), 1, Verdict.RETRY, "HttpRequestTimeout 408"),
-        (CallOutcome(302), 1, Verdict.RETRY, "HttpUnexpectedStatus 302"),
-        (CallOutcome(500), 12, Verdict.QUARANTINE, "HttpServerError 500; max_attempts 12 reached"),
-        (
-            CallOutcome(error_class="Timeout"),
-            13,
-            Verdict.QUARANTINE,
-            "Timeout; max_attempts 12 reached",
-        ),
-        (
-            CallOutcome(429),
-            12,
-            Verdict.QUARANTINE,
-            "HttpTooManyRequests 429; max_attempts 12 reached",
-        ),
-        (CallOutcome(404), 1, Verdict.QUARANTINE, "HttpNotFound 404"),
-        (CallOutcome(410), 1, Verdict.QUARANTINE, "HttpGone 410"),
-        # which 4xx are permanent (quarantine at once), which are transient
-        (CallOutcome(400), 1, Verdict.QUARANTINE, "HttpBadRequest 400"),
-        (CallOutcome(422), 1, Verdict.QUARANTINE, "HttpUnprocessable 422"),
-        (CallOutcome(409), 1, Verdict.RETRY, "HttpConflict 409"),
-        (CallOutcome(423), 1, Verdict.RETRY, "HttpLocked 423"),
-        (CallOutcome(425), 1, Verdict.RETRY, "HttpTooEarly 425"),
-        (CallOutcome(405), 1, Verdict.RETRY, "HttpClientError 405"),
-        (CallOutcome(418), 1, Verdict.RETRY, "HttpClientError 418"),
-        (CallOutcome(409), 12, Verdict.QUARANTINE, "HttpConflict 409; max_attempts 12 reached"),
-        (CallOutcome(401), 1, Verdict.AUTH_FAILED, "HttpUnauthorized 401"),
-        (CallOutcome(403), 12, Verdict.AUTH_FAILED, "HttpForbidden 403"),
-        (None, 5, Verdict.NOT_CALLED, None),
-    ],
-)
-def test_classify(outcome, attempts, verdict, error):
-    decision = classify(outcome, attempts, MAX)
-    assert decision.verdict is verdict
-    assert decision.error == error
-
-
-PERMANENT_4XX = {400, 404, 410, 422}
-AUTH_4XX = {401, 403}
-
-
-@pytest.mark.parametrize("code", range(400, 500))
-def test_every_4xx_is_permanent_auth_or_transient_by_the_table(code):
-    verdict = classify(CallOutcome(code), 1, MAX).verdict
-    if code in PERMANENT_4XX:
-        assert verdict is Verdict.QUARANTINE
-    elif code in AUTH_4XX:
-        assert verdict is Verdict.AUTH_FAILED
-    else:
-        assert verdict is Verdict.RETRY
-
-
-def test_retry_after_is_carried_for_429_and_503_only():
-    assert classify(CallOutcome(429, retry_after_seconds=90), 1, MAX).retry_after_seconds == 90
-    assert classify(CallOutcome(503, retry_after_seconds=90), 1, MAX).retry_after_seconds == 90
-    assert classify(CallOutcome(500, retry_after_seconds=90), 1, MAX).retry_after_seconds is None
-
-
-def test_clean_error_bounds_length_and_alphabet():
-    assert len(clean_error("x" * 2000)) == LAST_ERROR_MAX
-    assert clean_error('Err "user:pw@host"') == "Err ?user:pw?host?"
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,12 @@ One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-sna
    ``breaker_failure_threshold`` consecutive failed calls open the outage circuit breaker,
    a 401/403 or a misrouting stops calling too (``snapshot_detach_flow``).
 3. **Outcome** (one short transaction per batch, or per part of a batch that a slow call holds
-   back, guarded per row by the claim token): what each answer writes is the table in
-   ``snapshot_detach_rules``; ``snapshot_detach_outcomes`` writes it and counts, logs and
+   back, guarded per row by the claim token): what each answer means is the answer table in
+   ``snapshot_detach_answers``; ``snapshot_detach_outcomes`` writes it and counts, logs and
    alerts it.
 
-The modules: ``snapshot_detach_rules`` (pure: verdicts, outcome plans, the result),
+The modules: ``snapshot_detach_answers`` (pure: the answer table, verdicts),
+``snapshot_detach_rules`` (pure: outcome plans, the result),
 ``snapshot_detach_db`` (the statements), ``snapshot_detach_flow`` (the call gate's rules),
 ``snapshot_detach_calls`` (the calls on worker threads), ``snapshot_detach_outcomes``
 (recording a batch), this one (the run: its lifecycle and the batch pipeline),
@@ -74,14 +75,12 @@ from opentelemetry.trace import Span
 from include.pin_maintenance import privileges
 from include.pin_maintenance.backoff import Backoff
 from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
+from include.pin_maintenance.jobs.snapshot_detach_answers import Decision, Verdict
 from include.pin_maintenance.jobs.snapshot_detach_calls import (  # noqa: F401 (re-exported)
     MISROUTE_ALERT,
     DetachCalls,
 )
-from include.pin_maintenance.jobs.snapshot_detach_client import (  # noqa: F401 (re-exported)
-    CallOutcome,
-    DetachClient,
-)
+from include.pin_maintenance.jobs.snapshot_detach_client import DetachClient
 from include.pin_maintenance.jobs.snapshot_detach_config import (  # noqa: F401 (re-exported)
     CONFIG,
     JOB,
@@ -95,15 +94,10 @@ from include.pin_maintenance.jobs.snapshot_detach_db import (  # noqa: F401 (pg_
     pg_array,
 )
 from include.pin_maintenance.jobs.snapshot_detach_outcomes import Metric, OutcomeRecorder
-from include.pin_maintenance.jobs.snapshot_detach_rules import (  # noqa: F401 (re-exported)
+from include.pin_maintenance.jobs.snapshot_detach_rules import (
     KNOWN_REASONS,
-    LAST_ERROR_MAX,
     ClaimedRow,
-    Decision,
     DetachResult,
-    Verdict,
-    classify,
-    clean_error,
 )
 from include.pin_maintenance.lifecycle import (
     MAX_ROW_ALERTS_PER_RUN,

@@ -1,8 +1,9 @@
 """The detach calls of one run: on worker threads, through the run's :class:`CallGate`.
 
 :class:`DetachCalls` queues each claimed row's call on a thread pool (one future per row),
-makes the call under the gate's limit and breakers, gives each row its verdict once its call is
-in (:meth:`DetachCalls.decide`), and after the last batch reports what the gate saw: the call
+makes the call under the gate's limit and breakers, takes its answer from the answer table once
+(``snapshot_detach_answers``), gives each row its verdict once its call is in
+(:meth:`DetachCalls.decide`), and after the last batch reports what the gate saw: the call
 counts, why calls stopped, and that run's alerts (:meth:`DetachCalls.report`).
 """
 
@@ -16,20 +17,21 @@ from typing import Any
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
 
-from include.pin_maintenance.jobs.snapshot_detach_client import (
-    DETACH_PATH,
+from include.pin_maintenance.jobs.snapshot_detach_answers import (
+    Answer,
     CallOutcome,
-    DetachClient,
+    Decision,
+    Verdict,
+    answer_of,
+    decide,
 )
+from include.pin_maintenance.jobs.snapshot_detach_client import DETACH_PATH, DetachClient
 from include.pin_maintenance.jobs.snapshot_detach_flow import Breaker, CallGate
 from include.pin_maintenance.jobs.snapshot_detach_outcomes import Metric, OutcomeRecorder
 from include.pin_maintenance.jobs.snapshot_detach_rules import (
     KNOWN_REASONS,
     ClaimedRow,
-    Decision,
     DetachResult,
-    Verdict,
-    classify,
 )
 from include.pin_maintenance.parallel import Deadline
 from include.pin_maintenance.runloop import StopReason
@@ -105,21 +107,21 @@ class DetachCalls:
             if call.cancel():  # never started: not called, its attempt is given back
                 replacement.set_result(None)
             else:
-                replacement.set_result(CallOutcome(error_class="Timeout"))
+                replacement.set_result(answer_of(CallOutcome(error_class="Timeout")))
                 self.log.warning("entry_call_abandoned", outbox_id=row_id)
             calls[row_id] = replacement
 
     def decide(self, row: ClaimedRow, calls: dict[str, Future]) -> Decision:
         """The verdict of a row that was queued, with what the gate learnt about the run
         (outage, misroute)."""
-        outcome = calls[row.id].result()
-        if outcome is not None and self.gate.misroute_row(row.id):
-            return Decision(Verdict.MISROUTED, "HttpNotFound 404; route suspect")
-        return classify(
-            outcome,
+        answer = calls[row.id].result()
+        if answer is not None and self.gate.misroute_row(row.id):
+            return Decision(Verdict.MISROUTED, f"{answer.error}; route suspect")
+        return decide(
+            answer,
             row.attempts,
             self.config["max_attempts"],
-            outage=outcome is not None and self.gate.outage_row(row.id),
+            outage=answer is not None and self.gate.outage_row(row.id),
         )
 
     def abort(self) -> None:
@@ -133,7 +135,7 @@ class DetachCalls:
 
     # -- one call, on a worker thread ------------------------------------------------------
 
-    def _call(self, row: ClaimedRow, parent: Context | None = None) -> CallOutcome | None:
+    def _call(self, row: ClaimedRow, parent: Context | None = None) -> Answer | None:
         """One detach call, or None when no call may start any more.
 
         The call is a CLIENT span under ``parent`` (its batch's span); the client sends it to
@@ -141,20 +143,20 @@ class DetachCalls:
         """
         with self._count_lock:
             self._taken += 1
-        outcome = None
+        answer = None
         for attempt in range(2):
             ticket = self.gate.acquire()  # waits for a slot (adaptive limit, Retry-After pause)
             if ticket is None:  # calls stopped, the run stopped, or the deadline reached
-                return outcome
-            outcome = self._traced_call(row, parent)
-            if not self.gate.release(ticket, row.id, outcome) or attempt:
-                return outcome
+                return answer
+            answer = self._traced_call(row, parent)
+            if not self.gate.release(ticket, row.id, answer) or attempt:
+                return answer
             # the connection failed while the service answered others: the job's own overload
             # (a dropped connection attempt) or the connection, not the row; call once more
-            self.log.info("entry_call_retried", outbox_id=row.id, error=outcome.error_class)
-        return outcome
+            self.log.info("entry_call_retried", outbox_id=row.id, error=answer.error_type)
+        return answer
 
-    def _traced_call(self, row: ClaimedRow, parent: Context | None) -> CallOutcome:
+    def _traced_call(self, row: ClaimedRow, parent: Context | None) -> Answer:
         attributes = {
             "http.request.method": "POST",
             "url.template": DETACH_PATH,
@@ -165,15 +167,15 @@ class DetachCalls:
         with self.telemetry.span(
             "detach snapshot", attributes, kind=SpanKind.CLIENT, context=parent
         ) as span:
-            outcome = self._detach(row)
+            answer = answer_of(self._detach(row))  # the one place a call's outcome is read
             if span.is_recording():
-                decision = classify(outcome, row.attempts, self.config["max_attempts"])
+                decision = decide(answer, row.attempts, self.config["max_attempts"])
                 span.set_attribute("pin.outcome", decision.verdict.value)
-                if outcome.status_code is not None:
-                    span.set_attribute("http.response.status_code", outcome.status_code)
-                if decision.verdict is not Verdict.DONE:
-                    record_error(span, str(outcome.status_code or outcome.error_class))
-        return outcome
+                if answer.status_code is not None:
+                    span.set_attribute("http.response.status_code", answer.status_code)
+                if answer.error_type is not None:
+                    record_error(span, answer.error_type)
+        return answer
 
     def _detach(self, row: ClaimedRow) -> CallOutcome:
         assert self.client is not None  # checked in snapshot_detach.run()
@@ -191,12 +193,10 @@ class DetachCalls:
             )
             return CallOutcome(error_class=f"ClientError:{type(exc).__name__}")
 
-    def _log_outage_breaker_open(self, breaker: Breaker, outcome: CallOutcome) -> None:
+    def _log_outage_breaker_open(self, breaker: Breaker, answer: Answer) -> None:
         """On the worker thread whose call opened the outage breaker (once)."""
         self.log.warning(
-            "breaker_open",
-            consecutive_failures=breaker.failures_at_open,
-            error_code=classify(outcome, 1, 2).error,
+            "breaker_open", consecutive_failures=breaker.failures_at_open, error_code=answer.error
         )
 
     # -- after the last batch --------------------------------------------------------------

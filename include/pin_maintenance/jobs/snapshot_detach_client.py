@@ -8,8 +8,9 @@ builds the same client from Airflow's ``HttpHook`` and the ``selections_api`` co
 The call carries the current trace context as a W3C ``traceparent`` header (nothing when no
 span is active), so selections' server spans join the job's trace.
 
-What comes back is an :class:`CallOutcome`: an HTTP status code, or the *class name* of the
-transport error (``Timeout``, ``ConnectionError``), plus a parsed ``Retry-After``. Nothing else
+What comes back is a :class:`CallOutcome` (``snapshot_detach_answers``): an HTTP status code,
+or the *class name* of the transport error (``Timeout``, ``ConnectionError``), plus a parsed
+``Retry-After`` where the answer table reads one. Nothing else
 of the exchange is kept, so nothing secret can reach ``last_error`` or a log line.
 
 **Transport**: a call through ``requests`` costs about 1.3 ms of client CPU, one
@@ -30,7 +31,6 @@ import math
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -42,6 +42,8 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
+from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome, reads_retry_after
+
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 DETACH_PATH = "/internal/snapshots/{snapshot_id}/detach"
 # A Retry-After further away than this is treated as this (a bogus header must not park a row
@@ -49,15 +51,6 @@ DETACH_PATH = "/internal/snapshots/{snapshot_id}/detach"
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
 # W3C Trace Context only: no baggage (it could carry anything) goes to selections
 _TRACE_CONTEXT = TraceContextTextMapPropagator()
-
-
-@dataclass(frozen=True)
-class CallOutcome:
-    """What one detach call produced: an HTTP answer or a transport error class."""
-
-    status_code: int | None = None
-    error_class: str | None = None
-    retry_after_seconds: float | None = None
 
 
 class DetachClient(Protocol):
@@ -88,6 +81,12 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     if not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+def _outcome(status: int, retry_after: str | None) -> CallOutcome:
+    """An HTTP answer; its ``Retry-After`` only where the answer table reads it."""
+    seconds = parse_retry_after(retry_after) if reads_retry_after(status) else None
+    return CallOutcome(status_code=status, retry_after_seconds=seconds)
 
 
 def basic_auth_session(login: str | None, password: str | None) -> requests.Session:
@@ -178,10 +177,7 @@ class _PooledTransport:
             return CallOutcome(error_class="Timeout")
         except Urllib3Error:  # reset, refused, TLS, protocol: as requests' ConnectionError
             return CallOutcome(error_class="ConnectionError")
-        retry_after = None
-        if response.status in (429, 503):
-            retry_after = parse_retry_after(response.headers.get("Retry-After"))
-        return CallOutcome(status_code=response.status, retry_after_seconds=retry_after)
+        return _outcome(response.status, response.headers.get("Retry-After"))
 
     def close(self) -> None:
         self.pool.clear()
@@ -248,10 +244,7 @@ class HttpDetachClient:
         except requests.RequestException as exc:
             return CallOutcome(error_class=type(exc).__name__)
         try:
-            retry_after = None
-            if response.status_code in (429, 503):
-                retry_after = parse_retry_after(response.headers.get("Retry-After"))
-            return CallOutcome(status_code=response.status_code, retry_after_seconds=retry_after)
+            return _outcome(response.status_code, response.headers.get("Retry-After"))
         finally:
             response.close()
 

@@ -42,9 +42,11 @@ These rules sit between the job's worker threads and the selections service:
 - **Credentials refused**: a 401 or 403 stops calling for the rest of the run at once (every
   later call would be refused the same way); the job gives those rows their attempt back.
 
-:class:`CallGate` is the thread-safe part the worker threads go through; the rules themselves
-(:func:`call_signal`, :class:`AdaptiveLimit`, :class:`Breaker`) are plain objects without
-threads or clocks, table-tested in ``tests/unit``.
+:class:`CallGate` is the thread-safe part the worker threads go through; it reads each call's
+:class:`~include.pin_maintenance.jobs.snapshot_detach_answers.Answer` (what it tells the limit,
+the breakers and the pause is that answer's row of the answer table). The rules themselves
+(:class:`AdaptiveLimit`, :class:`Breaker`) are plain objects without threads or clocks,
+table-tested in ``tests/unit``.
 """
 
 from __future__ import annotations
@@ -53,11 +55,9 @@ import itertools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+from include.pin_maintenance.jobs.snapshot_detach_answers import Answer, Load, Route, Streak
 from include.pin_maintenance.jobs.snapshot_detach_limit import AdaptiveLimit
-from include.pin_maintenance.jobs.snapshot_detach_rules import AUTH_NAMES
 from include.pin_maintenance.parallel import Deadline
 
 WAIT_SLICE_SECONDS = 0.2  # a waiting worker rechecks the stop signal at least this often
@@ -66,49 +66,6 @@ STALL_SCAN_SECONDS = 0.05  # calls in flight are looked at no more often (a stal
 # every WAIT_SLICE_SECONDS) is the job's process pausing (a garbage collection), not the service
 QUIET_SECONDS = 0.3
 MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
-_CONGESTION_CODES = frozenset({429, 502, 503, 504})
-_CONGESTION_ERRORS = frozenset({"Timeout", "ConnectionError"})
-
-
-class Signal(StrEnum):
-    HEALTHY = "healthy"  # 2xx: the service works; grow
-    ANSWERED = "answered"  # another 4xx: the service works, the row is the problem
-    THROTTLED = "throttled"  # 429: the service works but asks us to slow down
-    OVERLOADED = "overloaded"  # 502/503/504, timeout, connection error: cut and count
-    FAILED = "failed"  # another 5xx or transport error: count, do not cut
-    OTHER = "other"  # our own client's error (ClientError:...), 1xx/3xx: neither
-
-
-def call_signal(outcome: CallOutcome) -> Signal:
-    """What one call's outcome says about the service (pure, table-tested)."""
-    code = outcome.status_code
-    if code is None:
-        error = outcome.error_class or ""
-        if error in _CONGESTION_ERRORS:
-            return Signal.OVERLOADED
-        return Signal.OTHER if error.startswith("ClientError") else Signal.FAILED
-    if 200 <= code < 300:
-        return Signal.HEALTHY
-    return _code_signal(code) if 400 <= code < 600 else Signal.OTHER
-
-
-def _code_signal(code: int) -> Signal:
-    if code == 429:
-        return Signal.THROTTLED
-    if code in _CONGESTION_CODES:
-        return Signal.OVERLOADED
-    if code >= 500:
-        return Signal.FAILED
-    return Signal.ANSWERED
-
-
-def counts_for_breaker(signal: Signal) -> bool | None:
-    """True = a failure in a row, False = resets the count, None = leaves it alone."""
-    if signal in (Signal.OVERLOADED, Signal.FAILED):
-        return True
-    if signal in (Signal.HEALTHY, Signal.ANSWERED, Signal.THROTTLED):
-        return False
-    return None
 
 
 @dataclass
@@ -122,20 +79,19 @@ class Breaker:
     outage_rows: set[str] = field(default_factory=set)
     failures_at_open: int = 0
 
-    def record(self, row_id: str, signal: Signal, *, stale: bool = False) -> bool:
+    def record(self, row_id: str, streak: Streak, *, stale: bool = False) -> bool:
         """Count one finished call; True when this call opened the breaker.
 
         ``stale``: the call started before the limit's last cut; its failure joins the streak's
         rows (given back if the breaker opens) without counting towards the threshold.
         """
-        counted = counts_for_breaker(signal)
         if self.is_open:
-            if counted:
+            if streak is Streak.FAILURE:
                 self.outage_rows.add(row_id)  # in flight when it opened, failed the same way
             return False
-        if counted is None:
+        if streak is Streak.NONE:
             return False
-        if not counted:
+        if streak is Streak.RESET:
             self.streak.clear()
             self.stale_rows.clear()
             return False
@@ -162,13 +118,12 @@ class Misroute:
     quarantined_404s: int = 0  # 404s let through to quarantine while no 2xx was seen
     rows: set[str] = field(default_factory=set)  # 404 rows given back as the misroute's evidence
 
-    def record(self, row_id: str, outcome: CallOutcome) -> bool:
+    def record(self, row_id: str, route: Route) -> bool:
         """Count one finished call; True when this call opened the misroute breaker."""
-        code = outcome.status_code
-        if code is not None and 200 <= code < 300:
+        if route is Route.WORKS:
             self.successes += 1
             return False
-        if code != 404:
+        if route is not Route.NOT_FOUND:
             return False
         if self.is_open:
             self.rows.add(row_id)
@@ -208,7 +163,7 @@ class CallGate:
     ``acquire`` blocks until the call may start and returns a :class:`Ticket`, or None when it
     must not be made (:attr:`calls_stopped`, the run's ``stopped``, the deadline no longer
     allows a whole call of ``call_seconds``, or a Retry-After pause reaching past that point);
-    ``release`` reports the outcome. ``on_open`` runs once, on the worker thread whose call
+    ``release`` reports the call's answer. ``on_open`` runs once, on the worker thread whose call
     opened the outage breaker (it only logs). ``deadline`` is the run's one deadline (its clock
     is the gate's clock).
     """
@@ -222,7 +177,7 @@ class CallGate:
         deadline: Deadline,
         call_seconds: float = 0.0,
         stopped: Callable[[], bool],
-        on_open: Callable[[Breaker, CallOutcome], None] = lambda breaker, outcome: None,
+        on_open: Callable[[Breaker, Answer], None] = lambda breaker, answer: None,
         misroute_limit: int | None = None,
     ) -> None:
         self.limit = AdaptiveLimit(minimum, maximum)
@@ -333,8 +288,8 @@ class CallGate:
                 self.stats.stalls += 1
                 self.limit.on_congestion(ticket.epoch, now)
 
-    def release(self, ticket: Ticket, row_id: str, outcome: CallOutcome) -> bool:
-        """Report a call's outcome; True when the call may be made once more: it failed in
+    def release(self, ticket: Ticket, row_id: str, answer: Answer) -> bool:
+        """Report a call's answer; True when the call may be made once more: it was lost in
         transport (timeout, connection error: most often a stalled connection attempt) while
         the service answered calls started after it, so the service was up and the job's own
         overload, or the connection, lost it."""
@@ -350,16 +305,13 @@ class CallGate:
                 self.stats.stalls += 1
                 self.limit.on_congestion(ticket.epoch, now)
             self._stalled.discard(ticket.number)
-            signal = call_signal(outcome)
-            if signal in (Signal.HEALTHY, Signal.ANSWERED):
+            if answer.load is Load.LATENCY:
                 self.limit.on_answer(ticket.started, now)
                 self._answered_started = max(self._answered_started, ticket.started)
-            cut = False
-            if signal in (Signal.THROTTLED, Signal.OVERLOADED):
-                cut = self.limit.on_congestion(ticket.epoch, now)
-            if outcome.status_code in (429, 503):
+            cut = answer.load is Load.CONGESTION and self.limit.on_congestion(ticket.epoch, now)
+            if answer.throttles:
                 self.stats.throttled += 1
-                wait = outcome.retry_after_seconds
+                wait = answer.retry_after_seconds
                 if wait and wait > MAX_PAUSE_SECONDS:
                     self.stats.stopped_by_retry_after = True
                 elif wait:
@@ -371,21 +323,21 @@ class CallGate:
             # overshoot's burst of refusals, answered at once) is that cut's congestion event,
             # not more evidence of an outage: it neither extends nor resets the streak.
             stale = not cut and ticket.epoch < self.limit.epoch
-            opened = self.outage_breaker.record(row_id, signal, stale=stale)
-            self.misroute.record(row_id, outcome)
-            if outcome.status_code in AUTH_NAMES:
+            opened = self.outage_breaker.record(row_id, answer.streak, stale=stale)
+            self.misroute.record(row_id, answer.route)
+            if answer.stops_calls:
                 self.auth_rejected = True
             if self.calls_stopped:
                 self._cond.notify_all()  # every waiting worker returns
             else:  # wake only as many waiting workers as there are free slots
                 self._cond.notify(max(1, self.limit.slots - self._in_flight))
             retry = (
-                outcome.error_class in _CONGESTION_ERRORS
+                answer.lost_in_transport
                 and self._answered_started > ticket.started
                 and not self.calls_stopped
             )
             if retry:
                 self.stats.retried += 1
         if opened:
-            self._on_open(self.outage_breaker, outcome)
+            self._on_open(self.outage_breaker, answer)
         return retry

@@ -1,164 +1,20 @@
-"""The detach job's rules, without I/O: what a call's answer means for its outbox row.
+"""The detach job's rules, without I/O: what a verdict writes to its outbox row.
 
-:func:`classify` turns one call's outcome into a :class:`Decision` (table-tested in
-``tests/unit/test_snapshot_detach_rules.py``), :func:`plan_outcome` turns a claimed row and its
-decision into the values its outcome statement writes (:class:`OutcomePlan`), and
-:class:`DetachResult` is what a run reports (the task's XCom, the CLI's output).
-
-========================================  ==========================================
-answer                                    outcome
-========================================  ==========================================
-2xx (incl. already detached)              ``Done``, ``last_error = null``
-5xx, 408, 409, 423, 425, other 4xx,      stays ``Pending`` (backoff set at claim)
-timeout, connection error
-429                                       as 5xx; ``Retry-After`` pushes
-                                          ``next_attempt_at`` further when longer
-transient and ``attempts >= max_attempts``  ``Quarantined`` + alert
-404, 410                                  ``Quarantined`` at once + alert (selections
-                                          keeps snapshots forever: unknown = permanent),
-                                          except a 404 past ``misroute_quarantine_limit``
-                                          in a run without a 2xx: attempt given back,
-                                          calls stop, ``selections_misrouted`` (critical)
-400, 422                                  ``Quarantined`` at once + alert: the same
-                                          request gets the same answer; fix, then requeue
-401, 403                                  ``selections_auth_failed`` (critical); no more
-                                          calls this run (circuit breaker); the attempt
-                                          is given back to that row and to every claimed
-                                          row not yet called
-transient failure that opened the outage  stays ``Pending``, ``last_error`` set, backoff
-breaker (or failed in flight after it)    as set at claim, but the attempt is given back
-                                          (never quarantined by an outage); no more
-                                          calls this run; ``selections_unavailable``
-                                          (warning) once; rows not yet called are given
-                                          back
-unexpected (1xx, 3xx)                     transient (redirects are not followed)
-reason not BlockReplaced / PostDeleted    not called; ``Quarantined``, ``UnknownReason``
-========================================  ==========================================
-
-*Given back* means ``attempts`` and ``next_attempt_at`` return to their values before the
-claim (``last_error`` unchanged): a broken credential or a cancelled run costs no row an
-attempt. Rows with a status other than Pending/Done/Quarantined are never selected.
+:func:`plan_outcome` turns a claimed row and its decision (``snapshot_detach_answers``) into the
+values its outcome statement writes (:class:`OutcomePlan`), and :class:`DetachResult` is what a
+run reports (the task's XCom, the CLI's output).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
-from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+from include.pin_maintenance.jobs.snapshot_detach_answers import Decision, Verdict
 from include.pin_maintenance.runloop import StopReason
 
 KNOWN_REASONS = frozenset({"BlockReplaced", "PostDeleted"})
-LAST_ERROR_MAX = 512
-
-
-class Verdict(StrEnum):
-    DONE = "Done"
-    RETRY = "Retry"  # stays Pending, backoff as set at claim (or Retry-After)
-    QUARANTINE = "Quarantined"
-    AUTH_FAILED = "AuthFailed"  # attempt given back, circuit breaker opens
-    NOT_CALLED = "NotCalled"  # attempt given back (cancelled / breaker open)
-    OUTAGE = "Outage"  # called, failed as part of an outage: attempt given back, error kept
-    MISROUTED = "Misrouted"  # a 404 after the misroute breaker opened: attempt given back
-
-
-@dataclass(frozen=True)
-class Decision:
-    verdict: Verdict
-    error: str | None = None  # last_error text (class + code), None for Done / not called
-    retry_after_seconds: float | None = None
-
-    @property
-    def is_failed_call(self) -> bool:
-        """A call was made and did not succeed (news_snapshot_detach_failed_total)."""
-        failed = (
-            Verdict.RETRY,
-            Verdict.QUARANTINE,
-            Verdict.AUTH_FAILED,
-            Verdict.OUTAGE,
-            Verdict.MISROUTED,
-        )
-        return self.verdict in failed and self.error != "UnknownReason"
-
-
-# Which 4xx are permanent (docs/design/detach.md): the snapshot is unknown or gone,
-# or the request itself is refused (the same request gets the same answer). Every other 4xx
-# (409, 423, 405, 418, ...) is transient: it says nothing definite about the row, a retry is
-# free (detach is idempotent) and max_attempts still quarantines a row that never resolves.
-_PERMANENT_NAMES = {
-    400: "HttpBadRequest",
-    404: "HttpNotFound",
-    410: "HttpGone",
-    422: "HttpUnprocessable",
-}
-_TRANSIENT_4XX = {
-    408: "HttpRequestTimeout",
-    409: "HttpConflict",
-    423: "HttpLocked",
-    425: "HttpTooEarly",
-    429: "HttpTooManyRequests",
-}
-AUTH_NAMES = {401: "HttpUnauthorized", 403: "HttpForbidden"}
-
-
-def classify(
-    outcome: CallOutcome | None, attempts: int, max_attempts: int, *, outage: bool = False
-) -> Decision:
-    """What to do with a row after its call; ``None`` = not called. Pure, table-tested.
-
-    ``outage``: the call's failure is part of the streak that opened the outage breaker (or
-    came after it); a transient answer then costs the row nothing, whatever its attempts.
-    """
-    final, transient = _classify_answer(outcome)
-    if final is not None:
-        return final
-    assert transient is not None
-    if outage:
-        return Decision(Verdict.OUTAGE, transient.error, transient.retry_after_seconds)
-    if attempts >= max_attempts:
-        return Decision(
-            Verdict.QUARANTINE, f"{transient.error}; max_attempts {max_attempts} reached"
-        )
-    return transient
-
-
-def _classify_answer(outcome: CallOutcome | None) -> tuple[Decision | None, Decision | None]:
-    """(final decision, None) or (None, transient decision subject to max_attempts)."""
-    if outcome is None:
-        return Decision(Verdict.NOT_CALLED), None
-    code = outcome.status_code
-    ra = outcome.retry_after_seconds
-    final = transient = None
-    if code is None:
-        transient = Decision(Verdict.RETRY, clean_error(outcome.error_class or "UnknownError"))
-    elif 200 <= code < 300:
-        final = Decision(Verdict.DONE)
-    elif code in AUTH_NAMES:
-        final = Decision(Verdict.AUTH_FAILED, f"{AUTH_NAMES[code]} {code}")
-    elif code in _PERMANENT_NAMES:
-        final = Decision(Verdict.QUARANTINE, f"{_PERMANENT_NAMES[code]} {code}")
-    elif code in _TRANSIENT_4XX or code == 503:
-        name = _TRANSIENT_4XX.get(code, "HttpServerError")
-        suffix = f" retry_after={ra:g}s" if ra is not None else ""
-        transient = Decision(Verdict.RETRY, f"{name} {code}{suffix}", ra)
-    elif 400 <= code < 500:
-        transient = Decision(Verdict.RETRY, f"HttpClientError {code}")
-    elif 500 <= code < 600:
-        transient = Decision(Verdict.RETRY, f"HttpServerError {code}")
-    else:
-        transient = Decision(Verdict.RETRY, f"HttpUnexpectedStatus {code}")
-    return final, transient
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9 _.:;=()/-]")
-
-
-def clean_error(text: str) -> str:
-    """Bound ``last_error`` to the column and to a harmless alphabet (no quotes, no '@')."""
-    return _UNSAFE.sub("?", text)[:LAST_ERROR_MAX]
 
 
 @dataclass
