@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from include.pin_maintenance.jobs.snapshot_detach_limit import (
+from include.pin_maintenance.jobs.snapshot_detach_gate import (
     CEILING_SECONDS,
     CUT_ABOVE,
     GROW_BELOW,

@@ -176,7 +176,7 @@ def test_requeue_refuses_a_huge_choice_in_one_short_line(ids, all_q, says):
 def test_pg_array_literals():
     from datetime import UTC, datetime
 
-    from include.pin_maintenance.jobs.snapshot_detach import pg_array
+    from include.pin_maintenance.jobs.snapshot_detach_outcomes import pg_array
 
     when = datetime(2026, 12, 1, 22, 6, 12, 123456, tzinfo=UTC)
     assert pg_array([]) == "{}"

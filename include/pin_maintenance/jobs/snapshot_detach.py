@@ -9,22 +9,22 @@ One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-sna
    ``pin_maintenance.backoff``), ``updated_at = now`` (the claim token).
 2. **Detach**: ``POST /internal/snapshots/{snapshot_id}/detach`` per row, outside any
    transaction, the outbox id as ``Idempotency-Key``. How many calls are in flight adapts
-   between ``detach_concurrency_min`` and ``detach_concurrency`` (``snapshot_detach_limit``:
+   between ``detach_concurrency_min`` and ``detach_concurrency`` (``snapshot_detach_gate``:
    follow the service's knee by the mean latency of each window of answers, halve on
    429/502/503/504/timeouts/connection errors/stalled calls, pause for a ``Retry-After``);
    ``breaker_failure_threshold`` consecutive failed calls open the outage circuit breaker,
-   a 401/403 or a misrouting stops calling too (``snapshot_detach_flow``).
+   a 401/403 or a misrouting stops calling too (``snapshot_detach_gate``).
 3. **Outcome** (one short transaction per batch, or per part of a batch that a slow call holds
    back, guarded per row by the claim token): what each answer means is the answer table in
    ``snapshot_detach_answers``; ``snapshot_detach_outcomes`` writes it and counts, logs and
    alerts it.
 
 The modules: ``snapshot_detach_answers`` (pure: the answer table, verdicts),
-``snapshot_detach_rules`` (pure: outcome plans, the result),
-``snapshot_detach_db`` (the statements), ``snapshot_detach_flow`` (the call gate's rules),
-``snapshot_detach_calls`` (the calls on worker threads), ``snapshot_detach_outcomes``
-(recording a batch), this one (the run: its lifecycle and the batch pipeline),
-``snapshot_detach_cli`` (its command line).
+``snapshot_detach_gate`` (the gate every call passes: limit, pause, deadline, breakers),
+``snapshot_detach_workers`` (the calls on worker threads), ``snapshot_detach_outcomes``
+(claiming, outcome plans and recording a batch, the result), ``snapshot_detach_client`` (the
+HTTP call), ``snapshot_detach_config`` (the keys), this one (the run: its lifecycle and the
+batch pipeline), ``snapshot_detach_cli`` (its command line).
 
 Metrics (names are the contract): ``succeeded_total`` / ``retried_total`` /
 ``quarantined_total`` count rows by outcome; ``failed_total`` counts calls that were made and
@@ -76,10 +76,6 @@ from include.pin_maintenance import privileges
 from include.pin_maintenance.backoff import Backoff
 from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
 from include.pin_maintenance.jobs.snapshot_detach_answers import Decision, Verdict
-from include.pin_maintenance.jobs.snapshot_detach_calls import (  # noqa: F401 (re-exported)
-    MISROUTE_ALERT,
-    DetachCalls,
-)
 from include.pin_maintenance.jobs.snapshot_detach_client import DetachClient
 from include.pin_maintenance.jobs.snapshot_detach_config import (  # noqa: F401 (re-exported)
     CONFIG,
@@ -87,17 +83,19 @@ from include.pin_maintenance.jobs.snapshot_detach_config import (  # noqa: F401 
     RUN_MARGIN_SECONDS,
     worst_case_run_seconds,
 )
-from include.pin_maintenance.jobs.snapshot_detach_db import (  # noqa: F401 (pg_array re-exported)
-    claim_due_entries,
-    count_due_entries,
-    measure_pending_backlog,
-    pg_array,
-)
-from include.pin_maintenance.jobs.snapshot_detach_outcomes import Metric, OutcomeRecorder
-from include.pin_maintenance.jobs.snapshot_detach_rules import (
+from include.pin_maintenance.jobs.snapshot_detach_outcomes import (
     KNOWN_REASONS,
     ClaimedRow,
     DetachResult,
+    Metric,
+    OutcomeRecorder,
+    claim_due_entries,
+    count_due_entries,
+    measure_pending_backlog,
+)
+from include.pin_maintenance.jobs.snapshot_detach_workers import (  # noqa: F401 (re-exported)
+    MISROUTE_ALERT,
+    CallWorkers,
 )
 from include.pin_maintenance.lifecycle import (
     MAX_ROW_ALERTS_PER_RUN,
@@ -209,6 +207,7 @@ class _Run:
         self.config = config
         self.telemetry = telemetry
         self.log = telemetry.log
+        self.tracer = telemetry.tracer
         self.metrics = telemetry.metrics
         self.stop = stop
         self.client = client
@@ -218,7 +217,7 @@ class _Run:
         self.backoff = Backoff(
             config["backoff_base_seconds"], config["backoff_factor"], config["backoff_cap_seconds"]
         )
-        self.calls: DetachCalls | None = None  # made when the pipeline starts
+        self.workers: CallWorkers | None = None  # made when the pipeline starts
         self.deadline = Deadline(worst_case_run_seconds(config), clock=monotonic)  # reset per run
         self.alerts = BackgroundAlerts(telemetry.alerts, telemetry)
         self.result = DetachResult()
@@ -282,7 +281,7 @@ class _Run:
             + float(self.config["detach_call_timeout_seconds"]),
             clock=self.monotonic,
         )
-        calls = self.calls = DetachCalls(
+        workers = self.workers = CallWorkers(
             self.config,
             client=self.client,
             deadline=self.deadline,
@@ -296,15 +295,15 @@ class _Run:
         try:
             batches, stop_reason = self._pipeline(conn, unsettled)
         except BaseException:
-            calls.abort()  # no new call starts; claimed rows keep their claim
+            workers.abort()  # no new call starts; claimed rows keep their claim
             raise
         finally:
-            calls.close()
+            workers.close()
             conn.close()
             for batch in unsettled:  # a failure before their outcomes: end their spans
                 batch.span.end()
         self.result.batches = batches
-        calls.report(stop_reason)
+        workers.report(stop_reason)
         # a stop that arrived during the last (short) batch still ends the run as cancelled
         return stop_reason is StopReason.CANCELLED or self.stop.is_set()
 
@@ -327,7 +326,7 @@ class _Run:
             if not unsettled:
                 return batches, stop_reason
             if self.deadline.expired():  # only a client that ignored its timeout gets here
-                self.calls.abandon(unsettled[0].calls)
+                self.workers.abandon(unsettled[0].calls)
                 continue
             head = [f for f in unsettled[0].calls.values() if not f.done()]
             # batches settle in any order: while others are out, look again for them too
@@ -338,9 +337,9 @@ class _Run:
         """Why no further batch is claimed, or None (the first batch is always claimed)."""
         if self.stop.is_set():
             return StopReason.CANCELLED
-        if self.calls.gate.calls_stopped:
-            return "calls_stopped"  # DetachCalls.report names why
-        if batches and self.calls.gate.deadline_reached:
+        if self.workers.calls_stopped:
+            return "calls_stopped"  # CallWorkers.report names why
+        if batches and self.workers.deadline_reached:
             return StopReason.MAX_DURATION
         return None
 
@@ -350,7 +349,7 @@ class _Run:
             return True
         if self._pipeline_full(unsettled):
             return False
-        return self.calls.queued() < 2 * self.calls.gate.limit.slots
+        return self.workers.queued() < 2 * self.workers.slots
 
     def _pipeline_full(self, unsettled: deque[_Batch]) -> bool:
         """No room for another batch's rows within the pipeline's depth."""
@@ -361,9 +360,7 @@ class _Run:
         self, conn: psycopg.Connection, index: int, unsettled: deque[_Batch]
     ) -> _Batch:
         in_flight = [r.id for b in unsettled for r in b.rows]
-        span = self.telemetry.tracer.start_span(
-            f"{JOB} batch", attributes={"pin.batch.index": index}
-        )
+        span = self.tracer.start_span(f"{JOB} batch", attributes={"pin.batch.index": index})
         try:
             rows = claim_due_entries(
                 conn,
@@ -381,7 +378,7 @@ class _Run:
         self.log.info("batch_claimed", batch_index=index, rows=len(rows))
         self.result.claimed += len(rows)
         parent = trace.set_span_in_context(span)  # worker threads do not inherit the context
-        batch = _Batch(rows, self.calls.submit(rows, parent), span)
+        batch = _Batch(rows, self.workers.submit(rows, parent), span)
         if not rows:
             span.end()
         return batch
@@ -419,7 +416,7 @@ class _Run:
     def _decide(self, row: ClaimedRow, batch: _Batch) -> Decision:
         if row.reason not in KNOWN_REASONS:  # never called
             return Decision(Verdict.QUARANTINE, "UnknownReason")
-        return self.calls.decide(row, batch.calls)
+        return self.workers.decide(row, batch.calls)
 
     # -- end of run ------------------------------------------------------------------------
 

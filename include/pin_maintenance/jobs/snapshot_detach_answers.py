@@ -10,35 +10,11 @@ once per call, and the gate, the call's span, the logs and the outcome all read 
 :class:`Answer`. :func:`decide` adds what the row itself brings (its attempts, an outage).
 Table-tested in ``tests/unit/test_snapshot_detach_answers.py``.
 
-========================================  ==========================================
-answer                                    outcome
-========================================  ==========================================
-2xx (incl. already detached)              ``Done``, ``last_error = null``
-5xx, 408, 409, 423, 425, other 4xx,      stays ``Pending`` (backoff set at claim)
-timeout, connection error
-429                                       as 5xx; ``Retry-After`` pushes
-                                          ``next_attempt_at`` further when longer
-transient and ``attempts >= max_attempts``  ``Quarantined`` + alert
-404, 410                                  ``Quarantined`` at once + alert (selections
-                                          keeps snapshots forever: unknown = permanent),
-                                          except a 404 past ``misroute_quarantine_limit``
-                                          in a run without a 2xx: attempt given back,
-                                          calls stop, ``selections_misrouted`` (critical)
-400, 422                                  ``Quarantined`` at once + alert: the same
-                                          request gets the same answer; fix, then requeue
-401, 403                                  ``selections_auth_failed`` (critical); no more
-                                          calls this run (circuit breaker); the attempt
-                                          is given back to that row and to every claimed
-                                          row not yet called
-transient failure that opened the outage  stays ``Pending``, ``last_error`` set, backoff
-breaker (or failed in flight after it)    as set at claim, but the attempt is given back
-                                          (never quarantined by an outage); no more
-                                          calls this run; ``selections_unavailable``
-                                          (warning) once; rows not yet called are given
-                                          back
-unexpected (1xx, 3xx)                     transient (redirects are not followed)
-reason not BlockReplaced / PostDeleted    not called; ``Quarantined``, ``UnknownReason``
-========================================  ==========================================
+What each answer does to its outbox row is docs/design.md, "Selections API" (the table there
+and :data:`ANSWERS` say the same; a row whose reason is not BlockReplaced / PostDeleted is not
+called and quarantined as ``UnknownReason``). A 404 past ``misroute_quarantine_limit`` in a run
+without a 2xx, and a transient failure that opened the outage breaker, are decided by the gate
+(``snapshot_detach_gate``): the attempt is given back.
 
 *Given back* means ``attempts`` and ``next_attempt_at`` return to their values before the
 claim (``last_error`` unchanged): a broken credential or a cancelled run costs no row an
@@ -160,7 +136,7 @@ ANSWERS: tuple[Answer, ...] = (
     Answer("503", {503}, V.RETRY, S.FAILURE, L.CONGESTION, "HttpServerError", throttles=True),
     Answer("502/504", {502, 504}, V.RETRY, S.FAILURE, L.CONGESTION, "HttpServerError"),
     Answer("other 5xx", range(500, 600), V.RETRY, S.FAILURE, L.NONE, "HttpServerError"),
-    Answer("1xx/3xx", None, V.RETRY, S.NONE, L.NONE, "HttpUnexpectedStatus"),
+    Answer("unexpected status", None, V.RETRY, S.NONE, L.NONE, "HttpUnexpectedStatus"),
     Answer(
         "timeout",
         (),

@@ -1,30 +1,286 @@
-"""Recording a detach batch's outcomes: write them, then count, log and alert each one.
+"""A detach batch's outcomes: the claimed rows, what each verdict writes, the statements that
+claim and write them, and the accounting of every outcome in the run's :class:`DetachResult`.
 
-:meth:`OutcomeRecorder.record` takes a batch's decisions, turns them into
-:class:`~include.pin_maintenance.jobs.snapshot_detach_rules.OutcomePlan` s, writes them in one
-transaction (row by row when that transaction fails, so one bad row cannot lose the others'
-outcomes) and accounts for each outcome that applied: the run's result, its metrics, its log
-line and, for a quarantine or refused credentials, its alert.
+:func:`plan_outcome` turns a claimed row and its
+:class:`~include.pin_maintenance.jobs.snapshot_detach_answers.Decision` into the values its
+outcome statement writes (:class:`OutcomePlan`, pure). The statements are thin functions over
+``include/sql/news/*.sql``, each one short unit of work on an autocommit connection the caller
+owns (or opens). :meth:`OutcomeRecorder.record` writes a batch's plans in one transaction (row
+by row when that transaction fails, so one bad row cannot lose the others' outcomes) and
+accounts for each outcome that applied: the run's result, its metrics, its log line and, for a
+quarantine or refused credentials, its alert.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 import psycopg
 
-from include.pin_maintenance.jobs.snapshot_detach_db import record_detach_outcomes
-from include.pin_maintenance.jobs.snapshot_detach_rules import (
-    ClaimedRow,
-    Decision,
-    DetachResult,
-    OutcomePlan,
-    Verdict,
-    plan_outcome,
-)
+from include.pin_maintenance import sql
+from include.pin_maintenance.backoff import Backoff
+from include.pin_maintenance.db import Connect
+from include.pin_maintenance.jobs.snapshot_detach_answers import Decision, Verdict
 from include.pin_maintenance.lifecycle import CappedAlerts
+from include.pin_maintenance.runloop import StopReason
 from include.pin_maintenance.telemetry import Alert, AlertSink, JobLog, MetricsSink
+
+KNOWN_REASONS = frozenset({"BlockReplaced", "PostDeleted"})
+
+
+@dataclass
+class DetachResult:
+    """What one run did; :meth:`as_dict` gives the seed's names (also the task's XCom)."""
+
+    lock_acquired: bool = True
+    dry_run: bool = False
+    due: int | None = None  # dry run only
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    quarantined: int = 0
+    failed: int = 0
+    given_back: int = 0
+    superseded: int = 0
+    batches: int = 0
+    stop_reason: str = ""
+    auth_failed: bool = False
+    breaker_open: bool = False  # the outage breaker opened in this run
+    breaker_failures: int = 0  # consecutive failed calls that opened it
+    outage_calls: int = 0  # called, failed in the outage, attempt given back
+    misrouted: bool = False  # the misroute breaker opened (404s and no 2xx)
+    misroute_calls: int = 0  # 404s given back as the misroute's evidence
+    calls: int = 0  # detach calls made
+    throttled: int = 0  # 429 / 503 answers
+    retry_after_paused_seconds: float = 0.0
+    concurrency_limit: int = 0  # adaptive limit at the end of the run
+    concurrency_peak: int = 0  # most calls in flight at once
+    call_stalls: int = 0  # calls seen in flight past the limit's stall time
+    call_retries: int = 0  # calls lost in transport while others were answered, made once more
+    pending: int = 0
+    oldest_age_seconds: float = 0.0
+    duration_ms: int = 0
+
+    @property
+    def has_more(self) -> bool:
+        return self.stop_reason not in ("", StopReason.DRAINED)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "LockAcquired": self.lock_acquired,
+            "DryRun": self.dry_run,
+            "Due": self.due,
+            "Claimed": self.claimed,
+            "Succeeded": self.succeeded,
+            "Retried": self.retried,
+            "Quarantined": self.quarantined,
+            "Failed": self.failed,
+            "GivenBack": self.given_back,
+            "Superseded": self.superseded,
+            "Batches": self.batches,
+            "HasMore": self.has_more,
+            "StopReason": self.stop_reason,
+            "AuthFailed": self.auth_failed,
+            "BreakerOpen": self.breaker_open,
+            "BreakerFailures": self.breaker_failures,
+            "OutageCalls": self.outage_calls,
+            "Misrouted": self.misrouted,
+            "MisrouteCalls": self.misroute_calls,
+            "Calls": self.calls,
+            "Throttled": self.throttled,
+            "RetryAfterPausedSeconds": round(self.retry_after_paused_seconds, 3),
+            "ConcurrencyLimit": self.concurrency_limit,
+            "ConcurrencyPeak": self.concurrency_peak,
+            "CallStalls": self.call_stalls,
+            "CallRetries": self.call_retries,
+            "Pending": self.pending,
+            "OldestAgeSeconds": round(self.oldest_age_seconds, 3),
+            "DurationMs": self.duration_ms,
+        }
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    id: str
+    snapshot_id: str
+    post_id: str
+    reason: str
+    attempts: int  # after the pre-increment
+    previous_next_attempt_at: datetime
+    next_attempt_at: datetime  # as set by the claim
+    claimed_at: datetime  # updated_at written by the claim (the claim token)
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class OutcomePlan:
+    """The values one row's outcome statement writes (applied only to its own claim)."""
+
+    row: ClaimedRow
+    decision: Decision
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_error: str | None
+    keep_last_error: bool = False
+
+
+def plan_outcome(row: ClaimedRow, decision: Decision, now: datetime) -> OutcomePlan:
+    """What ``decision`` writes to ``row`` (pure).
+
+    Given back (not called, 401/403, misrouted): attempts and due time as before the claim.
+    Outage: the attempt is given back but the claim's backoff (or a later Retry-After) stays,
+    so the row does not hammer a service that is down.
+    """
+    verdict = decision.verdict
+    given_back = row.attempts - 1
+    if verdict is Verdict.OUTAGE:
+        next_at = _not_before_retry_after(row.next_attempt_at, decision, now)
+        return OutcomePlan(row, decision, "Pending", given_back, next_at, decision.error)
+    if verdict in (Verdict.NOT_CALLED, Verdict.AUTH_FAILED, Verdict.MISROUTED):
+        return OutcomePlan(
+            row,
+            decision,
+            "Pending",
+            given_back,
+            row.previous_next_attempt_at,
+            decision.error,
+            keep_last_error=verdict is Verdict.NOT_CALLED,
+        )
+    if verdict is Verdict.DONE:
+        return OutcomePlan(row, decision, "Done", row.attempts, row.next_attempt_at, None)
+    if verdict is Verdict.QUARANTINE:
+        return OutcomePlan(
+            row, decision, "Quarantined", row.attempts, row.next_attempt_at, decision.error
+        )
+    next_at = _not_before_retry_after(row.next_attempt_at, decision, now)
+    return OutcomePlan(row, decision, "Pending", row.attempts, next_at, decision.error)
+
+
+def _not_before_retry_after(next_at: datetime, decision: Decision, now: datetime) -> datetime:
+    if decision.retry_after_seconds is None:
+        return next_at
+    return max(next_at, now + timedelta(seconds=decision.retry_after_seconds))
+
+
+def pg_array(values: Iterable[Any]) -> str:
+    """A Postgres array literal (``{...}``) for a list of parameters, cast in the SQL.
+
+    One string per array instead of psycopg's per-element list dumping: the claim and outcome
+    statements of a batch carry 3 and 8 arrays of ``batch_size`` elements, and dumping them
+    element by element cost the main thread (which also claims ahead) more GIL time than the
+    HTTP calls themselves. Elements: None, bool, int, datetime, str (quoted).
+    """
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        elif isinstance(v, bool):
+            parts.append("t" if v else "f")
+        elif isinstance(v, int):
+            parts.append(str(v))
+        elif isinstance(v, datetime):
+            parts.append(f'"{v.isoformat()}"')
+        else:
+            text = str(v).replace("\\", "\\\\").replace('"', '\\"')
+            parts.append(f'"{text}"')
+    return "{" + ",".join(parts) + "}"
+
+
+def claim_due_entries(
+    conn: psycopg.Connection,
+    *,
+    now: datetime,
+    batch_size: int,
+    in_flight: Sequence[str],
+    backoff: Backoff,
+    rng: random.Random,
+) -> list[ClaimedRow]:
+    """Claim up to ``batch_size`` due rows not in ``in_flight`` (one transaction): attempts
+    pre-incremented, the next backoff set, ``updated_at = now`` as the claim token."""
+    with conn.transaction():
+        found = conn.execute(
+            sql.load("news/select_due_entries"),
+            {"now": now, "batch_size": batch_size, "in_flight": pg_array(in_flight)},
+        ).fetchall()
+        rows = []
+        for rid, snapshot_id, post_id, reason, attempts, next_at, created_at in found:
+            n = attempts + 1
+            delay = backoff.delay_with_jitter(n, rng.uniform)
+            rows.append(
+                ClaimedRow(
+                    id=str(rid),
+                    snapshot_id=str(snapshot_id),
+                    post_id=str(post_id),
+                    reason=reason,
+                    attempts=n,
+                    previous_next_attempt_at=next_at,
+                    next_attempt_at=now + timedelta(seconds=delay),
+                    claimed_at=now,
+                    created_at=created_at,
+                )
+            )
+        if rows:
+            conn.execute(
+                sql.load("news/claim_due_entries"),
+                {
+                    "now": now,
+                    "ids": pg_array(r.id for r in rows),
+                    "attempts": pg_array(r.attempts for r in rows),
+                    "next_attempt_at": pg_array(r.next_attempt_at for r in rows),
+                },
+            )
+    return rows
+
+
+def record_detach_outcomes(
+    conn: psycopg.Connection, plans: Sequence[OutcomePlan], now: datetime
+) -> set[str]:
+    """Write ``plans`` in one transaction; returns the ids whose claim still held (a row
+    claimed again or requeued since is left alone)."""
+    with conn.transaction():
+        cur = conn.execute(
+            sql.load("news/record_detach_outcomes"),
+            {
+                "now": now,
+                "ids": pg_array(p.row.id for p in plans),
+                "claimed_attempts": pg_array(p.row.attempts for p in plans),
+                "claimed_at": pg_array(p.row.claimed_at for p in plans),
+                "statuses": pg_array(p.status for p in plans),
+                "attempts": pg_array(p.attempts for p in plans),
+                "next_attempt_at": pg_array(p.next_attempt_at for p in plans),
+                "last_errors": pg_array(p.last_error for p in plans),
+                "keep_last_error": pg_array(p.keep_last_error for p in plans),
+            },
+        )
+        return {str(r[0]) for r in cur.fetchall()}
+
+
+def measure_pending_backlog(connect: Connect, now: datetime) -> tuple[int, float]:
+    """(Pending rows, age in seconds of the oldest Pending row), on a connection of its own."""
+    row = _read_one(connect, "news/measure_pending_backlog", now)
+    return int(row[0]), max(float(row[1]), 0.0)
+
+
+def count_due_entries(connect: Connect, now: datetime) -> int:
+    """Rows a run would claim now (the dry run's answer)."""
+    row = _read_one(connect, "news/count_due_entries", now)
+    return int(row[0]) if row else 0
+
+
+def _read_one(connect: Connect, query: str, now: datetime) -> Any:
+    conn = connect()
+    try:
+        row = conn.execute(sql.load(query), {"now": now}).fetchone()
+        conn.rollback()
+        return row
+    finally:
+        conn.close()
+
 
 QUARANTINED_ALERT = "snapshot_detach_quarantined"
 AUTH_ALERT = "selections_auth_failed"

@@ -10,8 +10,12 @@ import time
 import pytest
 
 from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome, Streak, answer_of
-from include.pin_maintenance.jobs.snapshot_detach_flow import MAX_PAUSE_SECONDS, Breaker, CallGate
-from include.pin_maintenance.jobs.snapshot_detach_limit import WINDOW_MIN_CALLS
+from include.pin_maintenance.jobs.snapshot_detach_gate import (
+    MAX_PAUSE_SECONDS,
+    WINDOW_MIN_CALLS,
+    Breaker,
+    CallGate,
+)
 from include.pin_maintenance.parallel import Deadline
 
 

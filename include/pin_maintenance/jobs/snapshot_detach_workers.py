@@ -1,10 +1,10 @@
 """The detach calls of one run: on worker threads, through the run's :class:`CallGate`.
 
-:class:`DetachCalls` queues each claimed row's call on a thread pool (one future per row),
+:class:`CallWorkers` queues each claimed row's call on a thread pool (one future per row),
 makes the call under the gate's limit and breakers, takes its answer from the answer table once
 (``snapshot_detach_answers``), gives each row its verdict once its call is in
-(:meth:`DetachCalls.decide`), and after the last batch reports what the gate saw: the call
-counts, why calls stopped, and that run's alerts (:meth:`DetachCalls.report`).
+(:meth:`CallWorkers.decide`), and after the last batch reports what the gate saw: the call
+counts, why calls stopped, and that run's alerts (:meth:`CallWorkers.report`).
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ from include.pin_maintenance.jobs.snapshot_detach_answers import (
     decide,
 )
 from include.pin_maintenance.jobs.snapshot_detach_client import DETACH_PATH, DetachClient
-from include.pin_maintenance.jobs.snapshot_detach_flow import Breaker, CallGate
-from include.pin_maintenance.jobs.snapshot_detach_outcomes import Metric, OutcomeRecorder
-from include.pin_maintenance.jobs.snapshot_detach_rules import (
+from include.pin_maintenance.jobs.snapshot_detach_gate import Breaker, CallGate
+from include.pin_maintenance.jobs.snapshot_detach_outcomes import (
     KNOWN_REASONS,
     ClaimedRow,
     DetachResult,
+    Metric,
+    OutcomeRecorder,
 )
 from include.pin_maintenance.parallel import Deadline
 from include.pin_maintenance.runloop import StopReason
@@ -41,7 +42,7 @@ MISROUTE_ALERT = "selections_misrouted"
 OUTAGE_ALERT = "selections_unavailable"
 
 
-class DetachCalls:
+class CallWorkers:
     """The calls of one run; :meth:`close` when the run's pipeline ends, however it ends."""
 
     def __init__(
@@ -61,6 +62,7 @@ class DetachCalls:
         self.deadline = deadline
         self.telemetry = telemetry
         self.log = telemetry.log
+        self.metrics = telemetry.metrics
         self.alerts = alerts
         self.result = result
         self.outcomes = outcomes
@@ -76,7 +78,7 @@ class DetachCalls:
             on_open=self._log_outage_breaker_open,
             misroute_limit=int(config["misroute_quarantine_limit"]),
         )
-        self._workers = ThreadPoolExecutor(
+        self._pool = ThreadPoolExecutor(
             max_workers=int(config["detach_concurrency"]), thread_name_prefix="detach"
         )
         self._count_lock = threading.Lock()
@@ -90,7 +92,21 @@ class DetachCalls:
         calls = [r for r in rows if r.reason in KNOWN_REASONS]
         with self._count_lock:
             self._submitted += len(calls)
-        return {r.id: self._workers.submit(self._call, r, parent) for r in calls}
+        return {r.id: self._pool.submit(self._call, r, parent) for r in calls}
+
+    @property
+    def calls_stopped(self) -> bool:
+        """No call starts for the rest of the run (``report`` names why)."""
+        return self.gate.calls_stopped
+
+    @property
+    def deadline_reached(self) -> bool:
+        return self.gate.deadline_reached
+
+    @property
+    def slots(self) -> int:
+        """Calls the gate lets into flight now."""
+        return self.gate.slots
 
     def queued(self) -> int:
         """Calls queued and not yet picked up by a worker."""
@@ -131,7 +147,7 @@ class DetachCalls:
     def close(self) -> None:
         """Wake every waiting worker and drop the calls not started; never waits for one."""
         self.gate.close()
-        self._workers.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # -- one call, on a worker thread ------------------------------------------------------
 
@@ -210,19 +226,19 @@ class DetachCalls:
 
     def _take_call_stats(self) -> None:
         """What the gate saw into the result, and the concurrency gauge."""
-        gate, r = self.gate, self.result
-        r.calls = gate.stats.calls
-        r.throttled = gate.stats.throttled
-        r.retry_after_paused_seconds = gate.stats.paused_seconds
-        r.concurrency_limit = gate.limit.slots
-        r.concurrency_peak = gate.stats.peak_in_flight
-        r.call_stalls = gate.stats.stalls
-        r.call_retries = gate.stats.retried
+        gate, stats, r = self.gate, self.gate.stats, self.result
+        r.calls = stats.calls
+        r.throttled = stats.throttled
+        r.retry_after_paused_seconds = stats.paused_seconds
+        r.concurrency_limit = gate.slots
+        r.concurrency_peak = stats.peak_in_flight
+        r.call_stalls = stats.stalls
+        r.call_retries = stats.retried
         r.misrouted = gate.is_misrouted
         r.breaker_open = gate.is_open
         if gate.is_open:
-            r.breaker_failures = gate.outage_breaker.failures_at_open
-        self.telemetry.metrics.gauge(Metric.CONCURRENCY, r.concurrency_limit)
+            r.breaker_failures = gate.failures_at_open
+        self.metrics.gauge(Metric.CONCURRENCY, r.concurrency_limit)
 
     def _stop_reason_of_run(self, pipeline_reason: StopReason | str | None) -> str:
         """Why calls stopped, if they did (refused credentials first), else why the pipeline
@@ -234,7 +250,7 @@ class DetachCalls:
             return "selections_unavailable"
         if gate.is_misrouted:
             return "selections_misrouted"
-        if gate.stats.stopped_by_retry_after:
+        if gate.stopped_by_retry_after:
             return "retry_after"
         return str(pipeline_reason or StopReason.DRAINED)
 
@@ -242,13 +258,13 @@ class DetachCalls:
         """The run's summary alerts: the quarantine summary and, once each, why calls stopped
         (a long Retry-After, a misrouting, an outage). Refused credentials alerted already."""
         gate, r = self.gate, self.result
-        if gate.stats.stopped_by_retry_after and not gate.is_open:
+        if gate.stopped_by_retry_after and not gate.is_open:
             self.log.warning("calls_paused_past_run_bound", throttled=r.throttled)
         self.outcomes.summarize_quarantines()
         if gate.is_misrouted:
             self._alert_misrouted()
         if gate.is_open:
-            self.telemetry.metrics.incr(Metric.BREAKER_OPEN)
+            self.metrics.incr(Metric.BREAKER_OPEN)
             self.alerts.send(
                 Alert(
                     OUTAGE_ALERT,
@@ -268,7 +284,7 @@ class DetachCalls:
     def _alert_misrouted(self) -> None:
         r = self.result
         limit = int(self.config["misroute_quarantine_limit"])
-        quarantined_404 = self.gate.misroute.quarantined_404s
+        quarantined_404 = self.gate.quarantined_404s
         self.log.error(
             MISROUTE_ALERT,
             quarantined_404=quarantined_404,
