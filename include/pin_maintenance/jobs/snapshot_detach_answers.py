@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 LAST_ERROR_MAX = 512
@@ -79,13 +79,13 @@ class Answer:
     """One row of :data:`ANSWERS` (the outcomes it holds, what they mean) or, made by
     :func:`answer_of`, one call's answer: its row with the call's code, error and Retry-After."""
 
-    kind: str
-    codes: Container[int] | None  # the row's status codes; None: every other code
+    kind: str  # names the row; the outcomes it holds are not compared (kind says it)
+    codes: Container[int] | None = field(compare=False)  # status codes; None: every other
     verdict: Verdict  # before max_attempts and an outage count (see decide())
     streak: Streak
     load: Load
-    name: str | Mapping[int, str] = ""  # last_error's class name (per code)
-    errors: Container[str] | None = ()  # a transport row's error classes; None: every other
+    name: str | Mapping[int, str] = field(default="", compare=False)  # last_error's class
+    errors: Container[str] | None = field(default=(), compare=False)  # None: every other class
     throttles: bool = False  # counted as throttled; its Retry-After pauses calls, delays the row
     stops_calls: bool = False  # our credentials are refused: no more calls this run
     lost_in_transport: bool = False  # made once more if the service answered later calls

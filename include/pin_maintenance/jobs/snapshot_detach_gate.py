@@ -1,52 +1,35 @@
 """The gate every detach call passes: how many are in flight, and when calls stop.
 
-These rules sit between the job's worker threads and the selections service:
+Which answer counts as what (a failure in a row, congestion, a throttle, refused credentials,
+a 404 of a suspect route, a call lost in transport) is its row of the answer table
+(``snapshot_detach_answers``); the gate only acts on it. Why, at length: docs/design/detach.md.
 
 - **Adaptive concurrency** (:class:`AdaptiveLimit`): the calls in flight follow the service's
-  knee, found from the mean latency of each window of answers against the run's lowest
-  (Little's law), halved on a congestion signal (429, 502, 503, 504, a timeout, a connection
-  error, a call stalled in flight), between ``detach_concurrency_min`` and
-  ``detach_concurrency``.
-- **Retry-After**: a 429 or 503 that carries ``Retry-After`` pauses every new call for that
-  long (the row itself is due no earlier either). A pause longer than
-  :data:`MAX_PAUSE_SECONDS`, or one that would end after the run's bound
-  (``max_run_duration_seconds``), stops calling for the rest of the run instead: the next run
-  is minutes away, and a run must not hold its lock idle.
-- **Run deadline**: the gate holds the run's :class:`~include.pin_maintenance.parallel.
-  Deadline`, which ends ``max_run_duration_seconds + detach_call_timeout_seconds`` after the
-  run started. A call starts only while the deadline still allows a whole call
-  (``deadline.allows(call_seconds)``), so every call that starts ends before the deadline;
-  every wait in the gate takes its timeout from it.
-- **Misrouting breaker**: while the run has had no 2xx, the first
-  ``misroute_quarantine_limit`` 404s quarantine their rows as usual; the next 404 says the
-  route, not the snapshots, is wrong. Calls stop for the run, and that 404 and every later
-  one are the misroute's evidence: their rows get their attempt back.
-- **Circuit breaker** (systemic failure): ``breaker_failure_threshold`` consecutive failed calls
-  (transport error, timeout, any 5xx) open it; any other answer (2xx, 4xx, 429) resets the
-  count, so scattered 503s among successes never open it. A failure of a call that started
-  before the limit's last cut is part of the congestion event that cut already answered (the
-  burst of refusals after an overshoot) and does not count towards the threshold (slow start can
-  overshoot a fixed capacity by more than the threshold); if the breaker does open, those rows
-  are given back with the streak's. Once open, no call starts for the rest of the run. The calls
-  whose failures opened it, and those already in flight that fail after it, are the outage's
-  evidence, not the rows' fault: the job gives their attempt back (see ``snapshot_detach``).
-  Nothing is remembered between runs (no job state outside the outbox): every run starts
-  half-open, with ``detach_concurrency_min`` calls in flight, so a run during an outage makes at
-  most ``breaker_failure_threshold + detach_concurrency_min - 1`` calls before it stops, and the
-  first run after recovery drains the backlog.
-- **A call lost to the job's own overload** (it stalled in flight, then timed out or lost its
-  connection, while the service answered calls started after it) is made once more in the run
-  (:meth:`CallGate.release` says so): a dropped connection attempt is not the row's fault, and
-  the row must not wait out a backoff for it. An outage answers nobody, so it gets no second
-  call.
-- **Credentials refused**: a 401 or 403 stops calling for the rest of the run at once (every
-  later call would be refused the same way); the job gives those rows their attempt back.
+  knee, between ``detach_concurrency_min`` and ``detach_concurrency``; congestion (or a call
+  stalled in flight) halves the limit.
+- **Retry-After** of a throttling answer pauses every new call that long. A pause longer than
+  :data:`MAX_PAUSE_SECONDS`, or one that would leave no whole call before the run's deadline,
+  stops calling for the run instead: the next run is minutes away, and a run must not hold its
+  lock idle.
+- **Run deadline** (the run's one :class:`~include.pin_maintenance.parallel.Deadline`): a call
+  starts only while the deadline still allows a whole call, so every call ends before it; every
+  wait in the gate takes its timeout from it.
+- **Misrouting breaker** (:class:`Misroute`): while the run has had no 2xx, the first
+  ``misroute_quarantine_limit`` 404s quarantine their rows; the next 404 stops calls, and it and
+  every later 404 get their attempt back.
+- **Outage breaker** (:class:`Breaker`): ``breaker_failure_threshold`` failures in a row stop
+  calls; the streak's calls and those in flight that fail after it get their attempt back. A
+  failure of a call started before the limit's last cut belongs to that cut's congestion event
+  (an overshoot's burst of refusals): it does not count, but is given back if the breaker opens.
+  Nothing is remembered between runs: every run starts half-open.
+- **A call lost in transport while the service answered calls started after it** (most often a
+  dropped connection attempt: the job's own overload) is made once more
+  (:meth:`CallGate.release` says so); an outage answers nobody, so it gets no second call.
+- **Refused credentials** stop calls for the run at once.
 
-:class:`CallGate` is the thread-safe part the worker threads go through; it reads each call's
-:class:`~include.pin_maintenance.jobs.snapshot_detach_answers.Answer` (what it tells the limit,
-the breakers and the pause is that answer's row of the answer table). The rules themselves
-(:class:`AdaptiveLimit`, :class:`Breaker`) are plain objects without threads or clocks,
-table-tested in ``tests/unit``.
+:class:`CallGate` is the thread-safe part the worker threads go through; the rules
+(:class:`AdaptiveLimit`, :class:`Breaker`, :class:`Misroute`) are plain objects without threads
+or clocks, table-tested in ``tests/unit``.
 """
 
 from __future__ import annotations
@@ -83,44 +66,19 @@ STALL_MIN_SECONDS = 0.5  # never shorter: a garbage collection of a big interpre
 
 @dataclass
 class AdaptiveLimit:
-    """How many detach calls the job keeps in flight, between ``minimum`` and ``maximum``: a
-    limit that finds the service's knee.
+    """How many detach calls the job keeps in flight, between ``minimum`` and ``maximum``.
 
-    A service has a knee: up to some number of calls in flight it answers more calls per second
-    the more it is given; past it, the extra calls only wait (in a worker pool, an accept queue,
-    a load balancer) and every other caller waits with them. Little's law says where the knee is:
-    with ``L`` calls in flight and a mean latency ``W`` the service turns around ``L / W`` calls a
-    second, so once more calls in flight bring no more answers, the *mean* latency grows with
-    ``L``. The rule (docs/design/detach.md, "Finding the knee"), after TCP Vegas and the
-    Gradient limits of Netflix's concurrency-limits:
-
-    - **Windows.** Answers are judged a window at a time: a window closes after
-      ``max(WINDOW_MIN_CALLS, WINDOW_ROUNDS x limit)`` answers of calls started in it (2xx and
-      other 4xx: the service did the work), about four rounds of the limit. Its mean latency
-      ``W`` counts a tail that a median cannot see: one call in a hundred held a second in a
-      full accept queue lifts the mean by half.
-    - **Base.** ``W0`` is the run's lowest window mean: the latency with nothing queued (Vegas's
-      base RTT). Each mean is taken with its noise (``NOISE_Z`` standard errors): the base is the
-      lowest upper bound and a window is judged by its lower bound, so a latency tail neither sets
-      a base too low nor crosses a bar by chance. It is kept for the run (a base that expired
-      would drift up with the job's own queueing); the next run measures afresh.
-    - **Growth.** ``W < GROW_BELOW x W0``: nothing much queues, and the limit grows if the window
-      used it (a run with less work does not raise a limit it never reached): doubling per window
-      up to half the maximum, then a quarter per window (slow start), then ``+1`` per window.
-    - **Back to the knee.** ``W >= CUT_ABOVE x W0`` (or ``GROW_BELOW`` in slow start): the calls
-      queue. The limit comes back towards the knee it has just measured, the calls the service
-      turns around at its base latency, ``limit x W0 / W + 1``, at most ``KNEE_STEP`` lower per
-      window (part of the rise may be the job's own queueing). In between: hold.
-    - **Congestion** (429, 502/503/504, a timeout, a connection error, a **stall**) halves the
-      limit, at most once per epoch (calls started before the cut do not cut again), never
-      below the minimum, and for ``CEILING_SECONDS`` the limit stays a fifth (at least one call)
-      below where it was cut, so a cliff hit again within that time brings the ceiling down. A
-      stall is a call in flight longer than ``STALL_FACTOR x W0`` (at least
-      :data:`STALL_MIN_SECONDS`): a dropped connection attempt, which TCP retries only after a
-      second, or a caller parked behind a full pool. It counts once, when the gate first sees
-      it, not when it ends.
-
-    Plain object without threads or clocks: the gate passes the times; table-tested in
+    The rule (docs/design/detach.md, "Finding the knee", after TCP Vegas): answers are judged a
+    window at a time (``max(WINDOW_MIN_CALLS, WINDOW_ROUNDS x limit)`` answers of calls started
+    in it); ``W0``, the base, is the run's lowest window mean latency (upper bound, ``NOISE_Z``
+    standard errors), and each window is judged by its mean's lower bound ``W``. ``W <
+    GROW_BELOW x W0``: grow, if the window used the limit (doubling up to half the maximum, then
+    a quarter, then ``+1`` per window). ``W >= CUT_ABOVE x W0`` (``GROW_BELOW`` in slow start):
+    back towards the knee, ``limit x W0 / W + 1``, at most ``KNEE_STEP`` lower per window. In
+    between: hold. Congestion halves the limit once per epoch, never below the minimum, and for
+    ``CEILING_SECONDS`` the limit stays a fifth below where it was cut. A call in flight longer
+    than ``STALL_FACTOR x W0`` (at least :data:`STALL_MIN_SECONDS`) is a stall: congestion,
+    counted once. No threads, no clock: the gate passes the times; table-tested in
     ``tests/unit/test_snapshot_detach_limit.py``.
     """
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -70,37 +70,16 @@ class DetachResult:
         return self.stop_reason not in ("", StopReason.DRAINED)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "LockAcquired": self.lock_acquired,
-            "DryRun": self.dry_run,
-            "Due": self.due,
-            "Claimed": self.claimed,
-            "Succeeded": self.succeeded,
-            "Retried": self.retried,
-            "Quarantined": self.quarantined,
-            "Failed": self.failed,
-            "GivenBack": self.given_back,
-            "Superseded": self.superseded,
-            "Batches": self.batches,
-            "HasMore": self.has_more,
-            "StopReason": self.stop_reason,
-            "AuthFailed": self.auth_failed,
-            "BreakerOpen": self.breaker_open,
-            "BreakerFailures": self.breaker_failures,
-            "OutageCalls": self.outage_calls,
-            "Misrouted": self.misrouted,
-            "MisrouteCalls": self.misroute_calls,
-            "Calls": self.calls,
-            "Throttled": self.throttled,
-            "RetryAfterPausedSeconds": round(self.retry_after_paused_seconds, 3),
-            "ConcurrencyLimit": self.concurrency_limit,
-            "ConcurrencyPeak": self.concurrency_peak,
-            "CallStalls": self.call_stalls,
-            "CallRetries": self.call_retries,
-            "Pending": self.pending,
-            "OldestAgeSeconds": round(self.oldest_age_seconds, 3),
-            "DurationMs": self.duration_ms,
-        }
+        """Each field under its seed name (``given_back`` -> ``GivenBack``), seconds rounded to
+        the millisecond, and ``HasMore`` after ``Batches``."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            name = "".join(part.capitalize() for part in f.name.split("_"))
+            out[name] = round(value, 3) if isinstance(value, float) else value
+            if name == "Batches":
+                out["HasMore"] = self.has_more
+        return out
 
 
 @dataclass(frozen=True)
