@@ -383,6 +383,13 @@ def test_outage_decision_gives_the_attempt_back_even_at_max_attempts():
     assert decide(answer_of(CallOutcome(404)), 3, 12, outage=True).verdict is Verdict.QUARANTINE
 
 
+def test_a_404_of_a_suspect_route_gives_the_attempt_back_even_at_max_attempts():
+    decision = decide(answer_of(CallOutcome(404)), 12, 12, misrouted=True)
+    assert decision.verdict is Verdict.MISROUTED
+    assert decision.error == "HttpNotFound 404; route suspect"
+    assert decision.is_failed_call
+
+
 def test_clean_error_bounds_length_and_alphabet():
     assert len(clean_error("x" * 2000)) == LAST_ERROR_MAX
     assert clean_error('Err "user:pw@host"') == "Err ?user:pw?host?"

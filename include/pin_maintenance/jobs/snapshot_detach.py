@@ -35,19 +35,16 @@ measured at the end of every run that held the lock (and of a dry run);
 no-op and lock-skip runs) but not after a cancellation or an auth failure, so the "no
 successful run for 15 min" rule also catches broken credentials.
 
-The outage breaker keeps no state between runs: each run starts half-open, with
-``detach_concurrency_min`` calls in flight, so during an outage a run makes at most
-``breaker_failure_threshold + detach_concurrency_min - 1`` calls and costs no row an attempt,
-and after recovery the first run drains the backlog. ``breaker_open_total`` counts runs whose
-breaker opened; ``concurrency_limit`` is the adaptive limit at the end of a run.
+``breaker_open_total`` counts runs whose outage breaker opened; ``concurrency_limit`` is the
+adaptive limit at the end of a run.
 
-Run bound (``docs/design/detach.md``): a run ends within ``max_run_duration_seconds +
-detach_call_timeout_seconds + RUN_MARGIN_SECONDS`` (5 s). The run has one
-:class:`~include.pin_maintenance.parallel.Deadline` at ``max_run_duration_seconds +
-detach_call_timeout_seconds``; no batch is claimed and no call started once it no longer allows
-a whole call, every wait takes its timeout from it, and claimed rows not called are given back.
-Alerts go out on their own thread (:class:`~include.pin_maintenance.lifecycle.BackgroundAlerts`),
-flushed within the margin.
+Run bound (docs/design/detach.md): a run ends within ``max_run_duration_seconds +
+detach_call_timeout_seconds + RUN_MARGIN_SECONDS`` (5 s). The run's one
+:class:`~include.pin_maintenance.parallel.Deadline` ends ``RUN_MARGIN_SECONDS`` before that:
+no batch is claimed and no call started once it no longer allows a whole call, every wait
+takes its timeout from it, and claimed rows not called are given back. Alerts go out on their
+own thread (:class:`~include.pin_maintenance.lifecycle.BackgroundAlerts`), flushed within the
+margin.
 
 Cancellation (stop signal) is honoured between rows: calls not yet started are given back,
 the batch's outcome transaction commits, then ``JobCancelled`` is raised. A worker

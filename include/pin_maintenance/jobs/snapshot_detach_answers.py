@@ -219,15 +219,23 @@ class Decision:
 
 
 def decide(
-    answer: Answer | None, attempts: int, max_attempts: int, *, outage: bool = False
+    answer: Answer | None,
+    attempts: int,
+    max_attempts: int,
+    *,
+    outage: bool = False,
+    misrouted: bool = False,
 ) -> Decision:
     """What to do with a row after its call; ``None`` = not called. Pure, table-tested.
 
     ``outage``: the call's failure is part of the streak that opened the outage breaker (or
     came after it); a transient answer then costs the row nothing, whatever its attempts.
+    ``misrouted``: the call's 404 is evidence of a wrong route (the gate's misroute breaker).
     """
     if answer is None:
         return Decision(Verdict.NOT_CALLED)
+    if misrouted:
+        return Decision(Verdict.MISROUTED, f"{answer.error}; route suspect")
     if answer.verdict is not Verdict.RETRY:
         return Decision(answer.verdict, answer.error)
     if outage:

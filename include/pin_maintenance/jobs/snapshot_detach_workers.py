@@ -21,7 +21,6 @@ from include.pin_maintenance.jobs.snapshot_detach_answers import (
     Answer,
     CallOutcome,
     Decision,
-    Verdict,
     answer_of,
     decide,
 )
@@ -131,13 +130,12 @@ class CallWorkers:
         """The verdict of a row that was queued, with what the gate learnt about the run
         (outage, misroute)."""
         answer = calls[row.id].result()
-        if answer is not None and self.gate.misroute_row(row.id):
-            return Decision(Verdict.MISROUTED, f"{answer.error}; route suspect")
         return decide(
             answer,
             row.attempts,
             self.config["max_attempts"],
             outage=answer is not None and self.gate.outage_row(row.id),
+            misrouted=answer is not None and self.gate.misroute_row(row.id),
         )
 
     def abort(self) -> None:
