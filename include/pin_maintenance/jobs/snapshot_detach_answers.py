@@ -11,8 +11,10 @@ once per call, and the gate, the call's span, the logs and the outcome all read 
 Table-tested in ``tests/unit/test_snapshot_detach_answers.py``.
 
 What each answer does to its outbox row is docs/design.md, "Selections API" (the table there
-and :data:`ANSWERS` say the same; a row whose reason is not BlockReplaced / PostDeleted is not
-called and quarantined as ``UnknownReason``). A 404 past ``misroute_quarantine_limit`` in a run
+and :data:`ANSWERS` say the same; :data:`ANSWERS` also holds what the table leaves out: a
+1xx/3xx, since redirects are not followed, and our own client's exception are transient; a row
+whose reason is not BlockReplaced / PostDeleted is not called and quarantined as
+``UnknownReason``). A 404 past ``misroute_quarantine_limit`` in a run
 without a 2xx, and a transient failure that opened the outage breaker, are decided by the gate
 (``snapshot_detach_gate``): the attempt is given back.
 
