@@ -129,7 +129,7 @@ def calendar_slot_expiration():
             telemetry_for,
         )
         from include.pin_maintenance.jobs import slot_expiration
-        from include.pin_maintenance.runloop import StopSignal
+        from include.pin_maintenance.stopping import StopSignal
 
         params = context["params"]
         # before any write; bad values (one the timeout cannot hold too) fail, no retry

@@ -134,7 +134,7 @@ def news_snapshot_detach_retry():
         from include.pin_airflow.selections import selections_detach_client
         from include.pin_maintenance.db import SessionSettings
         from include.pin_maintenance.jobs import snapshot_detach
-        from include.pin_maintenance.runloop import StopSignal
+        from include.pin_maintenance.stopping import StopSignal
 
         context = get_current_context()
         params = context["params"]

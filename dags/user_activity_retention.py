@@ -127,7 +127,7 @@ def _delete(
 ) -> dict[str, Any]:
     from include.pin_airflow.runtime import frozen_heap, postgres_connect, telemetry_for
     from include.pin_maintenance.jobs import activity_retention as job
-    from include.pin_maintenance.runloop import StopSignal
+    from include.pin_maintenance.stopping import StopSignal
 
     telemetry = telemetry_for(JOB, context)
     connect = postgres_connect(CONN_ID, job.SESSION_SETTINGS)

@@ -323,7 +323,7 @@ def job_child_main(spec_json: str, child_tracer: ChildTracer = _no_tracer) -> in
     ``child_tracer(spec)`` gives (tracer or None, flush): the entry point passes the tracing
     section's (``devtools.bench_tracing.child_tracer``); this module imports no section."""
     from include.pin_maintenance.db import configured
-    from include.pin_maintenance.runloop import StopSignal
+    from include.pin_maintenance.stopping import StopSignal
     from include.pin_maintenance.telemetry import (
         JobLog,
         LogOnlyAlerts,

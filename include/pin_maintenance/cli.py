@@ -28,8 +28,8 @@ from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.lifecycle import CONFIG_INVALID, JobSpec, describe_error
 from include.pin_maintenance.privileges import MissingPrivileges
-from include.pin_maintenance.runloop import JobCancelled, StopSignal
 from include.pin_maintenance.server_version import UnsupportedServer
+from include.pin_maintenance.stopping import JobCancelled, StopSignal
 from include.pin_maintenance.telemetry import JobLog, Telemetry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 3

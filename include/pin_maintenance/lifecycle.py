@@ -28,7 +28,7 @@ from opentelemetry.trace import Span
 
 from include.pin_maintenance.config import ConfigSpec
 from include.pin_maintenance.db import Connect, lock_held_too_long
-from include.pin_maintenance.runloop import JobCancelled
+from include.pin_maintenance.stopping import JobCancelled
 from include.pin_maintenance.telemetry import Alert, AlertSink, Telemetry, set_result
 
 # Log events every job writes at the same moments (docs/design.md, "Log events").

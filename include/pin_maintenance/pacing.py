@@ -58,7 +58,7 @@ import psycopg
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.parallel import Lane
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 
 PROBE_INTERVAL_SECONDS = 0.25  # the crew reads the signals at most this often

@@ -33,7 +33,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from include.pin_maintenance.runloop import StopReason, StopSignal
+from include.pin_maintenance.stopping import StopReason, StopSignal
 
 T = TypeVar("T")
 

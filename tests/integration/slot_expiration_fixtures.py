@@ -28,7 +28,7 @@ from devtools.pg import Database
 from include.pin_maintenance.db import Connect, SessionSettings
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.pacing_config import PACING_OFF
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import LogOnlyAlerts, RecordingMetrics, Telemetry
 from tests.job_db import job_connect, job_telemetry
 

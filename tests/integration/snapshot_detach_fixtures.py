@@ -15,7 +15,7 @@ from include.pin_maintenance.jobs.snapshot_detach_client import (
     HttpDetachClient,
     basic_auth_session,
 )
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 from tests.job_db import job_connect, job_telemetry
 

@@ -33,7 +33,7 @@ from devtools.retention_data import (
 from include.pin_maintenance.db import SessionSettings, advisory_lock
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.pacing_config import PACING_OFF
-from include.pin_maintenance.runloop import JobCancelled, StopSignal
+from include.pin_maintenance.stopping import JobCancelled, StopSignal
 from include.pin_maintenance.telemetry import RecordingMetrics
 from tests.job_db import job_cli, job_connect, job_telemetry, job_url
 

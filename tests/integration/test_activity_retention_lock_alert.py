@@ -21,7 +21,7 @@ from psycopg import sql
 from devtools.retention_data import insert_session
 from include.pin_maintenance.db import lock_key
 from include.pin_maintenance.jobs import activity_retention as job
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import RecordingMetrics
 from tests.job_db import job_connect, job_telemetry, job_url
 

@@ -30,7 +30,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from devtools.retention_data import insert_event, insert_session
 from include.pin_airflow.alerts import on_task_failed
 from include.pin_maintenance.jobs import activity_retention, slot_expiration
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 from pin_maintenance_plugin.notify import Notifier
 from tests.e2e.loopback import RecordingWebhook

@@ -29,7 +29,7 @@ from include.pin_maintenance.pacing import (
 )
 from include.pin_maintenance.pacing_config import PACING_OFF
 from include.pin_maintenance.parallel import BatchBudget, Deadline, run_batch_loops
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
 from tests.integration.slot_expiration_fixtures import insert_due_slots, run_job
 from tests.job_db import job_connect, job_telemetry

@@ -23,7 +23,7 @@ from include.pin_maintenance.pacing import (
     Pacer,
     PacingLimits,
 )
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
 from tests.integration.slot_expiration_fixtures import insert_due_slots, run_job
 

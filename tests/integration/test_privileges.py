@@ -37,7 +37,7 @@ from include.pin_maintenance.jobs import (
     snapshot_detach,
     snapshot_requeue,
 )
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 from tests.integration.runbook_sql import psql_binary
 from tests.integration.slot_expiration_fixtures import insert_due

@@ -28,7 +28,7 @@ from include.pin_maintenance import sql
 from include.pin_maintenance.db import advisory_lock, lock_key
 from include.pin_maintenance.jobs import activity_retention, slot_expiration, snapshot_detach
 from include.pin_maintenance.jobs.slot_expiration_batch import COUNT_CAP
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from tests.integration.runbook_sql import RUNBOOKS, Block, psql_binary, run_psql, sql_blocks
 from tests.integration.snapshot_detach_fixtures import config as detach_config
 from tests.integration.snapshot_detach_fixtures import insert_entry, run_job

@@ -14,7 +14,7 @@ from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.db import SessionSettings
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.jobs.slot_expiration_batch import M_ERRORS, POISON_ALERT
-from include.pin_maintenance.runloop import JobCancelled
+from include.pin_maintenance.stopping import JobCancelled
 from tests.integration.slot_expiration_fixtures import (
     DRAIN,
     NOW,

@@ -22,7 +22,7 @@ from devtools.selections_service import DEFAULT_PASSWORD
 from include.pin_maintenance.jobs import activity_retention, snapshot_detach
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.jobs.slot_expiration_batch import MAX_SPAN_TENANTS
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from tests.integration import slot_expiration_fixtures as slots
 from tests.integration.snapshot_detach_fixtures import (
     config,

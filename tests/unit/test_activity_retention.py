@@ -14,7 +14,7 @@ from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.jobs.activity_retention_plan import _COUNT_SQL, _DELETE_SQL, _KEY_START
 from include.pin_maintenance.jobs.activity_retention_walk import _sample_ids
-from include.pin_maintenance.runloop import StopReason
+from include.pin_maintenance.stopping import StopReason
 from tests.job_db import job_telemetry
 
 

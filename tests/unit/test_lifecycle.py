@@ -18,7 +18,7 @@ from include.pin_maintenance.lifecycle import (
     describe_error,
     job_run,
 )
-from include.pin_maintenance.runloop import JobCancelled
+from include.pin_maintenance.stopping import JobCancelled
 from include.pin_maintenance.telemetry import Alert, JobLog, RecordingMetrics, Telemetry
 
 SPEC = JobSpec(

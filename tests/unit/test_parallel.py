@@ -18,7 +18,7 @@ from include.pin_maintenance.parallel import (
     run_lanes,
     strongest_stop_reason,
 )
-from include.pin_maintenance.runloop import StopReason, StopSignal
+from include.pin_maintenance.stopping import StopReason, StopSignal
 
 
 class Boom(BaseException):

@@ -18,7 +18,7 @@ from include.pin_maintenance.db import is_row_error
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.jobs.slot_expiration_batch import M_ERRORS, CycleState, PoisonSlot
 from include.pin_maintenance.pacing import paced_metrics
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import RecordingMetrics
 from tests.job_db import job_telemetry
 

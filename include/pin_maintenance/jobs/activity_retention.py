@@ -115,7 +115,7 @@ from include.pin_maintenance.jobs.activity_retention_walk import BatchFailed, Ke
 from include.pin_maintenance.lifecycle import JobRun, job_run
 from include.pin_maintenance.pacing import Pacer, PacingLimits
 from include.pin_maintenance.parallel import Deadline
-from include.pin_maintenance.runloop import StopReason, StopSignal
+from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry, set_result
 
 # What the DAG, the CLI, devtools and the tests reach through this module (the job's parts

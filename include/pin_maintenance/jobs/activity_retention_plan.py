@@ -20,7 +20,7 @@ from include.pin_maintenance.jobs.activity_retention_config import (
 )
 from include.pin_maintenance.lifecycle import JobMetrics, JobSpec
 from include.pin_maintenance.pacing import paced_metrics
-from include.pin_maintenance.runloop import StopReason
+from include.pin_maintenance.stopping import StopReason
 
 LOCK_NAME = "job:scheduled:activity-retention"
 LOCK_TTL_MARGIN_SECONDS = 300

@@ -57,7 +57,7 @@ from include.pin_maintenance.jobs.activity_retention_plan import (
 from include.pin_maintenance.lifecycle import describe_error
 from include.pin_maintenance.pacing import Pacer
 from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
-from include.pin_maintenance.runloop import StopReason, StopSignal
+from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Alert, Telemetry, error_code
 
 # A failed batch's log and alert carry its first/last id, its count and up to this many ids.

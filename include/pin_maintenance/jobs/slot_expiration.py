@@ -77,7 +77,7 @@ from include.pin_maintenance.lifecycle import (
 )
 from include.pin_maintenance.pacing import Pacer, PacingLimits, paced_metrics
 from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
-from include.pin_maintenance.runloop import StopReason, StopSignal
+from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 
 # A batch commit need not wait for the WAL flush: a commit lost in a server crash only leaves its

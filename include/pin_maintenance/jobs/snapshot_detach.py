@@ -103,7 +103,7 @@ from include.pin_maintenance.lifecycle import (
     job_run,
 )
 from include.pin_maintenance.parallel import Deadline
-from include.pin_maintenance.runloop import JobCancelled, StopReason, StopSignal
+from include.pin_maintenance.stopping import JobCancelled, StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry, record_error, resumed, set_result
 
 LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"

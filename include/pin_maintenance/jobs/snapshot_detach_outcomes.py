@@ -26,7 +26,7 @@ from include.pin_maintenance.backoff import Backoff
 from include.pin_maintenance.db import Connect
 from include.pin_maintenance.jobs.snapshot_detach_answers import Decision, Verdict
 from include.pin_maintenance.lifecycle import CappedAlerts
-from include.pin_maintenance.runloop import StopReason
+from include.pin_maintenance.stopping import StopReason
 from include.pin_maintenance.telemetry import Alert, AlertSink, JobLog, MetricsSink
 
 KNOWN_REASONS = frozenset({"BlockReplaced", "PostDeleted"})

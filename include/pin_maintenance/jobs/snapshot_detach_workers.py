@@ -34,7 +34,7 @@ from include.pin_maintenance.jobs.snapshot_detach_outcomes import (
     OutcomeRecorder,
 )
 from include.pin_maintenance.parallel import Deadline
-from include.pin_maintenance.runloop import StopReason
+from include.pin_maintenance.stopping import StopReason
 from include.pin_maintenance.telemetry import Alert, AlertSink, Telemetry, record_error
 
 MISROUTE_ALERT = "selections_misrouted"

@@ -42,7 +42,7 @@ def pin_fixture_retention_timeout():
     def delete_action_events(plan: dict[str, Any], **context: Any) -> dict[str, Any]:
         from include.pin_airflow.runtime import frozen_heap, postgres_connect, telemetry_for
         from include.pin_maintenance.jobs import activity_retention as job
-        from include.pin_maintenance.runloop import StopSignal
+        from include.pin_maintenance.stopping import StopSignal
 
         telemetry = telemetry_for(job.JOB, context)
         connect = postgres_connect(CONN_ID, job.SESSION_SETTINGS)

@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 
-from include.pin_maintenance.runloop import StopSignal
+from include.pin_maintenance.stopping import StopSignal
 
 
 def test_sigterm_sets_signal_and_chains_previous_handler():
