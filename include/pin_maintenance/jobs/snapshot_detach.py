@@ -74,10 +74,9 @@ from include.pin_maintenance.backoff import Backoff
 from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
 from include.pin_maintenance.jobs.snapshot_detach_answers import Decision, Verdict
 from include.pin_maintenance.jobs.snapshot_detach_client import DetachClient
-from include.pin_maintenance.jobs.snapshot_detach_config import (  # noqa: F401 (re-exported)
+from include.pin_maintenance.jobs.snapshot_detach_config import (
     CONFIG,
     JOB,
-    RUN_MARGIN_SECONDS,
     worst_case_run_seconds,
 )
 from include.pin_maintenance.jobs.snapshot_detach_outcomes import (
@@ -90,10 +89,7 @@ from include.pin_maintenance.jobs.snapshot_detach_outcomes import (
     count_due_entries,
     measure_pending_backlog,
 )
-from include.pin_maintenance.jobs.snapshot_detach_workers import (  # noqa: F401 (re-exported)
-    MISROUTE_ALERT,
-    CallWorkers,
-)
+from include.pin_maintenance.jobs.snapshot_detach_workers import CallWorkers
 from include.pin_maintenance.lifecycle import (
     MAX_ROW_ALERTS_PER_RUN,
     BackgroundAlerts,
