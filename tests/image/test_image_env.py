@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from devtools import image_env
 from tests import environment
+from tests.junit import outcomes as junit_outcomes
 
 pytestmark = [pytest.mark.image, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -134,20 +134,9 @@ def test_image_tiers_pass_in_the_image_env(
     assert "timeout: none (pytest-timeout not installed)" in output, output[:2000]
     assert "postgres: PIN_PG_URL" in output, output[:2000]
 
-    cases = ET.parse(junit).getroot().iter("testcase")
     outcomes: dict[str, list[tuple[str, str]]] = {}
-    for case in cases:
-        skipped = case.find("skipped")
-        if skipped is not None:
-            outcome = "skipped: " + (skipped.get("message") or "")
-        elif case.find("failure") is not None or case.find("error") is not None:
-            outcome = "failed"
-        else:
-            outcome = "passed"
-        parts = case.get("classname", "").split(".")
-        while parts and parts[-1][:1].isupper():  # Class of a method: keep the module
-            parts.pop()
-        outcomes.setdefault(".".join(parts), []).append((case.get("name", ""), outcome))
+    for module, name, outcome in junit_outcomes(junit):
+        outcomes.setdefault(module, []).append((name, outcome))
     ran = [o for results in outcomes.values() for _, o in results]
     assert ran.count("passed") > 300, f"only {ran.count('passed')} tests passed"
     assert "failed" not in ran

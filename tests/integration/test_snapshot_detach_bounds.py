@@ -13,11 +13,9 @@ import pytest
 
 from devtools.selections_service import SelectionsService
 from include.pin_maintenance.jobs import snapshot_detach
-from include.pin_maintenance.jobs.snapshot_detach import (
-    MAX_QUARANTINE_ALERTS_PER_RUN,
-    MISROUTE_ALERT,
-    RUN_MARGIN_SECONDS,
-)
+from include.pin_maintenance.jobs.snapshot_detach_config import RUN_MARGIN_SECONDS
+from include.pin_maintenance.jobs.snapshot_detach_workers import MISROUTE_ALERT
+from include.pin_maintenance.lifecycle import MAX_ROW_ALERTS_PER_RUN
 from include.pin_maintenance.telemetry import Alert, JobLog, RecordingMetrics, Telemetry
 from tests.integration.snapshot_detach_fixtures import (
     config,
@@ -158,7 +156,7 @@ def test_quarantine_alerts_are_capped_per_run_with_one_summary(db):
         result = run_job(db, svc, telemetry=telemetry)
     assert result.quarantined == 30
     alerts = [a for a in telemetry.alerts.sent if a.name == "snapshot_detach_quarantined"]
-    assert len(alerts) == MAX_QUARANTINE_ALERTS_PER_RUN + 1
+    assert len(alerts) == MAX_ROW_ALERTS_PER_RUN + 1
     [summary] = [a for a in alerts if "suppressed" in a.details]
     assert summary.details == {"quarantined": 30, "alerted": 20, "suppressed": 10}
 
@@ -188,4 +186,4 @@ def test_slow_alert_delivery_does_not_stretch_the_run(db):
     # 21 alerts at 3 s each would take 63 s; delivery is counted inside the margin
     assert wall <= 2.0 + 1.0 + RUN_MARGIN_SECONDS
     assert result.quarantined == 25
-    assert len(sink.sent) < MAX_QUARANTINE_ALERTS_PER_RUN + 1  # still being delivered
+    assert len(sink.sent) < MAX_ROW_ALERTS_PER_RUN + 1  # still being delivered

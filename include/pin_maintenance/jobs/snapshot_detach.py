@@ -91,7 +91,6 @@ from include.pin_maintenance.jobs.snapshot_detach_outcomes import (
 )
 from include.pin_maintenance.jobs.snapshot_detach_workers import CallWorkers
 from include.pin_maintenance.lifecycle import (
-    MAX_ROW_ALERTS_PER_RUN,
     BackgroundAlerts,
     JobMetrics,
     JobRun,
@@ -109,7 +108,6 @@ LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
 # back only its own row, not the claims behind it.
 MAX_UNSETTLED_BATCHES = 3
 PIPELINE_POLL_SECONDS = 0.02  # how often the main thread looks whether to claim ahead
-MAX_QUARANTINE_ALERTS_PER_RUN = MAX_ROW_ALERTS_PER_RUN  # then one summary alert has the count
 ALERT_FLUSH_SECONDS = 2.0  # of RUN_MARGIN_SECONDS: undelivered alerts after that are logged
 
 SPEC = JobSpec(
