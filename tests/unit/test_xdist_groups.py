@@ -23,3 +23,11 @@ def test_stack_free_modules_exist_and_run_beside_the_stacks() -> None:
     for path in conftest.STACK_FREE:
         assert (REPO / path).is_file(), path
         assert conftest.xdist_group(f"{path}::test_x") == path
+
+
+def test_each_test_of_the_majors_tier_is_a_group_of_its_own() -> None:
+    """Each major's inner run goes to whichever worker is free, beside the others."""
+    first = "tests/majors/test_supported_majors.py::test_the_sql_facing_tests_pass_on[15]"
+    second = "tests/majors/test_supported_majors.py::test_the_sql_facing_tests_pass_on[16]"
+    assert conftest.xdist_group(first) == first != conftest.xdist_group(second)
+    assert "majors" in conftest.XDIST_TIER_ORDER and "majors" in conftest.TIER_ORDER
