@@ -87,6 +87,11 @@ def _md5(text: str) -> bytes:
     return hashlib.md5(text.encode(), usedforsecurity=False).digest()
 
 
+# through `airflow dags test`: the task's 10-min execution_timeout holds the run bound + call
+# timeout + margin, and the lock's lease outlasts them
+AIRFLOW_CONFIG = {"max_run_duration_seconds": 540, "lock_ttl_seconds": 600}
+
+
 def detach_concurrency(bench) -> int:
     if bench.concurrency is None:
         module = importlib.import_module(JOB_MODULES["detach"])
@@ -183,9 +188,7 @@ def dag_on_data(bench: Bench) -> DagOnData:
     n = bench.plan.detach_rows
     template = bench.outbox_template(n)
     db = bench.clone(template, "af_outbox")
-    proc = bench.dags_test(
-        dag_id, db, {dag_id: {"max_run_duration_seconds": 3000, "lock_ttl_seconds": 3600}}
-    )
+    proc = bench.dags_test(dag_id, db, {dag_id: dict(AIRFLOW_CONFIG)})
 
     def check() -> None:
         try:

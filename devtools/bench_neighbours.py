@@ -46,7 +46,8 @@ from psycopg import sql
 from devtools import bench_data as bd
 from devtools import pg
 from devtools.bench_core import DAG_IDS, Bench, BenchError, SectionSpec, _secs, _verdict, md_table
-from devtools.bench_slots import DRAIN_CONFIG
+from devtools.bench_retention import AIRFLOW_CONFIG as RETENTION_AIRFLOW_CONFIG
+from devtools.bench_slots import AIRFLOW_DRAIN_CONFIG
 from devtools.pg_cluster import Cluster
 from include.pin_maintenance.pacing_config import PACING_OFF
 
@@ -123,16 +124,19 @@ JOBS = {
     "slots": NeighbourJob(
         key="slots",
         dag_id=DAG_IDS["slots"],
-        base=DRAIN_CONFIG | {"runners": 2},
-        base_text="the runbook's drain: batch_size 2000, max_batches_per_cycle 100000, runners 2",
+        base=AIRFLOW_DRAIN_CONFIG | {"runners": 2},
+        base_text=(
+            "the runbook's drain: batch_size 2000, max_batches_per_cycle 100000, runners 2, "
+            "max_run_duration_seconds 540"
+        ),
         start_event="job_started",
         end_event="job_completed",
     ),
     "retention": NeighbourJob(
         key="retention",
         dag_id=DAG_IDS["retention"],
-        base={"max_batches_per_run": 50_000, "max_run_duration_seconds": 7200},
-        base_text="defaults, max_batches_per_run 50000 and max_run_duration_seconds 7200",
+        base=RETENTION_AIRFLOW_CONFIG,
+        base_text="defaults, max_batches_per_run 50000 and max_run_duration_seconds 3600",
         start_event="job_started",
         end_event="job_completed",
     ),

@@ -64,22 +64,47 @@ def test_every_task_has_a_docstring_timeout_and_bounded_retries(dagbag, dag_id):
         assert task.retry_delay == timedelta(seconds=30), f"{task.task_id}: {task.retry_delay}"
 
 
-def test_the_default_run_bounds_fit_the_tasks_timeouts(dagbag):
-    """What resolve_config checks for every run, at the defaults: no shipped DAG refuses itself."""
+def _bench_airflow_configs() -> dict[str, dict]:
+    """What `make bench` hands `airflow dags test` as each DAG's Variable."""
+    from devtools.bench_detach import AIRFLOW_CONFIG as detach
+    from devtools.bench_neighbours import JOBS
+    from devtools.bench_retention import AIRFLOW_CONFIG as retention
+    from devtools.bench_slots import AIRFLOW_DRAIN_CONFIG as slots
+
+    return {
+        "news_snapshot_detach_retry": detach,
+        "calendar_slot_expiration": slots | JOBS["slots"].base,
+        "user_activity_retention": retention | JOBS["retention"].base,
+    }
+
+
+@pytest.mark.parametrize("source", ["defaults", "bench"])
+def test_the_run_bounds_fit_the_tasks_timeouts(dagbag, source):
+    """What resolve_config checks for every run: no shipped DAG refuses itself at its defaults,
+    and the bench's configs (`airflow dags test` with a raised run bound) are not refused."""
     from include.pin_maintenance.jobs import activity_retention_config as retention
     from include.pin_maintenance.jobs import slot_expiration_config as slots
     from include.pin_maintenance.jobs import snapshot_detach_config as detach
 
+    given = _bench_airflow_configs() if source == "bench" else {}
+    resolved = {
+        dag_id: module.CONFIG.resolve(given.get(dag_id))
+        for dag_id, module in (
+            ("calendar_slot_expiration", slots),
+            ("news_snapshot_detach_retry", detach),
+            ("user_activity_retention", retention),
+        )
+    }
     needs = {
         ("calendar_slot_expiration", "expire_slots"): slots.worst_case_run_seconds(
-            slots.CONFIG.defaults
+            resolved["calendar_slot_expiration"]
         ),
         ("news_snapshot_detach_retry", "detach_pending_snapshots"): detach.worst_case_run_seconds(
-            detach.CONFIG.defaults
+            resolved["news_snapshot_detach_retry"]
         ),
         **{
             ("user_activity_retention", f"delete_{table}"): retention.worst_case_step_seconds(
-                retention.CONFIG.defaults, table
+                resolved["user_activity_retention"], table
             )
             for table in retention.STEP_DEADLINE_SHARE
         },
