@@ -286,6 +286,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     neighbours.add_argument("--neighbour-retention", type=int, metavar="ELIGIBLE")
     neighbours.add_argument("--neighbour-baseline", type=float, metavar="SECONDS")
     neighbours.add_argument(
+        "--neighbour-alone",
+        action="store_true",
+        help="only the runs without traffic: the drain's rate and the replica's lag alone",
+    )
+    neighbours.add_argument(
         "--neighbour-configs",
         type=bench_neighbours.parse_configs,
         metavar="JSON",
@@ -318,6 +323,8 @@ def plan_for(args: argparse.Namespace) -> Plan:
         changes["neighbour_baseline_seconds"] = args.neighbour_baseline
     if args.neighbour_configs is not None:
         changes["neighbour_configs"] = args.neighbour_configs
+    if args.neighbour_alone:
+        changes["neighbour_alone"] = True
     if changes:
         plan = dataclasses.replace(plan, name=f"{plan.name} (custom sizes)", **changes)
     return plan

@@ -88,6 +88,7 @@ class Plan:
     neighbour_baseline_seconds: float = 15.0  # traffic alone before each job run
     # job -> config dicts, one case each (over the job's base config); None: the module's
     neighbour_configs: dict[str, tuple[dict, ...]] | None = None
+    neighbour_alone: bool = False  # only the runs with nobody else there (the replica's bound)
 
 
 SMOKE = Plan(

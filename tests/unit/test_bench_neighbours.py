@@ -126,8 +126,20 @@ def _loaded(baseline_p99: float, job_p99: float, behind: float = 0.05) -> RunRes
     )
 
 
-def _alone() -> RunResult:
-    return RunResult(False, 1000, Window(0.0, 1.0), 0.1, 1024.0, 0.25, 0.9)
+def _alone(behind_seconds: float = 0.1) -> RunResult:
+    return RunResult(False, 1000, Window(0.0, 1.0), behind_seconds, 1024.0, 0.25, 0.9)
+
+
+def test_the_replica_bound_holds_alone_too_unless_the_case_turns_the_hold_off():
+    slots = JOBS["slots"]
+    loaded = [_loaded(1.8, 4.7)]
+    assert case_verdict(Case(slots, {}, alone=[_alone(1.9)], loaded=loaded), 1.8) == "met"
+    assert case_verdict(Case(slots, {}, alone=[_alone(2.1)], loaded=loaded), 1.8) == "**missed**"
+    # the bench's alone-only runs (--neighbour-alone): judged by the replica alone
+    assert case_verdict(Case(slots, {}, alone=[_alone(1.9)]), math.nan) == "met"
+    assert case_verdict(Case(slots, {}, alone=[_alone(5.1)]), math.nan) == "**missed**"
+    unheld = Case(slots, {"max_replica_lag_seconds": 0}, alone=[_alone(5.1)], loaded=loaded)
+    assert case_verdict(unheld, 1.8) == "met"
 
 
 def test_a_case_with_an_outlier_baseline_gets_no_verdict():
