@@ -30,9 +30,7 @@ backlog), `runners` (2, 1..8 batch loops in drain mode, one connection each; 1 =
 on one connection), `max_run_duration_seconds` (30, > 0; no new batch starts after it, the rest
 waits for the next cycle), the pacing keys (README, "Pacing"):
 `max_replica_lag_seconds` (2: hold while a streaming replica replays further behind;
-0 = off), `max_neighbour_slowdown` (2: slow down while others use the database and a canary
-commit takes this many times longer; 0 = off),
-`max_wal_mb_per_second` (4: while others use the database, hold its WAL rate to this;
+0 = off), `max_wal_mb_per_second` (4: while others use the database, hold its WAL rate to this;
 0 = off), `dry_run` (count what would expire, change nothing).
 
 **Result** (task return value and the `job_completed` log line): `ExpiredCount`,

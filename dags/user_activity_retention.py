@@ -35,9 +35,7 @@ the delete tasks: `delete_action_events` claims for the first 20 %, then
 `delete_property_object_views` until 50 %, `delete_sessions` until 100 %; each later task covers
 only the sessions the one before it covered), the pacing keys (README, "Pacing"):
 `max_replica_lag_seconds` (2: hold while a streaming replica replays further behind;
-0 = off), `max_neighbour_slowdown` (2: slow down while others use the database and a canary
-commit takes this many times longer; 0 = off),
-`max_wal_mb_per_second` (4: while others use the database, hold its WAL rate to this;
+0 = off), `max_wal_mb_per_second` (4: while others use the database, hold its WAL rate to this;
 0 = off), `dry_run` (count per table what would be deleted; delete nothing). An invalid value
 fails `prepare` before any delete, naming the key, its value and the allowed range.
 

@@ -5,7 +5,7 @@ DAG files import this at parse time through the jobs' config modules: config rul
 
 from __future__ import annotations
 
-from include.pin_maintenance.config import Rule, Setting
+from include.pin_maintenance.config import Setting
 
 PACING_SETTINGS = (
     Setting(
@@ -18,18 +18,6 @@ PACING_SETTINGS = (
             "Hold between batches while the slowest streaming replica replays more than this "
             "many seconds behind; 0 = do not watch replicas. Reading the replicas needs the "
             "job role in pg_monitor; without it the job runs without this signal (one warning)."
-        ),
-    ),
-    Setting(
-        "max_neighbour_slowdown",
-        2,
-        kind=float,
-        minimum=0,
-        maximum=100,
-        help=(
-            "While other sessions use the database, slow down when a commit takes more than "
-            "this many times as long as before the run (a canary commit between batches); "
-            "0 = off, else at least 1."
         ),
     ),
     Setting(
@@ -47,12 +35,4 @@ PACING_SETTINGS = (
 )
 
 # Every signal off: a run at its own speed, as before pacing (a test of a bound, a bench case).
-PACING_OFF = {"max_replica_lag_seconds": 0, "max_neighbour_slowdown": 0, "max_wal_mb_per_second": 0}
-
-PACING_RULES = (
-    Rule(
-        "max_neighbour_slowdown",
-        lambda v: v["max_neighbour_slowdown"] == 0 or v["max_neighbour_slowdown"] >= 1,
-        lambda v: "0 (off) or 1..100",
-    ),
-)
+PACING_OFF = {"max_replica_lag_seconds": 0, "max_wal_mb_per_second": 0}

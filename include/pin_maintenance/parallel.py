@@ -78,8 +78,6 @@ class Lane:
     stop: StopSignal
     deadline: Deadline
     _crew: _Crew = field(repr=False)
-    # the size of the lane's next batch when pacing sets one (None: the job's batch_size)
-    batch_limit: int | None = None
 
     def on_cancel(self, hook: Callable[[], object]) -> None:
         """Run ``hook`` (from another thread) when the crew is cancelled: it must interrupt
@@ -221,23 +219,26 @@ class BatchBudget:
 class BatchPacing(Protocol):
     """How a crew of batch loops yields to the database's other users (:mod:`pacing`)."""
 
-    def turn(self, lane: Lane) -> AbstractContextManager[None]:
-        """Held around each batch: may make the loops take turns. Must return on the lane's
-        stop (then without a turn)."""
+    def start(self) -> None:
+        """Before the crew's first batch, on the caller's thread."""
         ...
 
-    def batch_limit(self, lane: Lane) -> int | None:
-        """The size of the lane's next batch (None: the job's own batch_size)."""
+    def batch_size(self) -> int | None:
+        """The size of the next batch (None: the job's own batch_size)."""
         ...
 
-    def pace(self, lane: Lane, batch_seconds: float) -> None:
-        """Runs after each full batch, inside its turn, before the next one is taken: may
-        wait."""
+    def turn(self, stop: StopSignal) -> AbstractContextManager[None]:
+        """Held around each batch and its pace: may wait for the crew's pause or for other
+        loops' batches; returns on ``stop``."""
+        ...
+
+    def pace(self, lane: int, stop: StopSignal, batch_seconds: float, rows: int | None) -> None:
+        """After each full batch of ``rows`` that leaves the budget a batch: may wait."""
         ...
 
 
 def run_batch_loops(
-    batches: Sequence[Callable[[Lane], bool]],
+    batches: Sequence[Callable[[Lane, int | None], bool]],
     *,
     stop: StopSignal,
     deadline: Deadline,
@@ -247,35 +248,32 @@ def run_batch_loops(
 ) -> StopReason:
     """Run one batch loop per lane (:func:`run_lanes`) and return why the crew stopped.
 
-    ``batches[i](lane)`` does one whole batch of lane ``i`` and returns True when it came back
-    full (more may be due). Before each batch a loop stops on the crew's stop signal, on the
-    deadline (except for the crew's first batch, so a run always makes progress) and on the
-    shared budget. The crew's reason is the strongest of its loops': cancelled, then a
-    bound, then drained. A sibling's failure is re-raised by :func:`run_lanes`.
-    ``pacing`` is where a job waits for the database's other users: each batch runs inside
-    its ``turn`` (checks included, so a loop that waited for its turn checks afresh) and its
-    ``pace`` runs after each full batch that leaves the budget a batch, still in the turn;
-    its ``batch_limit`` sets the size of the lane's next batch (``lane.batch_limit``, which
-    the batch reads), and the budget counts it by its share of a whole one.
+    ``batches[i](lane, size)`` does one whole batch of lane ``i``, of ``size`` rows (None: the
+    job's batch_size), and returns True when it came back full (more may be due). Each batch
+    runs in a ``pacing`` turn; before it a loop stops on the crew's stop signal, on the deadline
+    (except for the crew's first batch, so a run always makes progress) and on the shared
+    budget, which counts a smaller batch by its share of a whole one. The crew's reason is the
+    strongest of its loops': cancelled, then a bound, then drained. A sibling's failure is
+    re-raised by :func:`run_lanes`.
     """
+    if pacing is not None:
+        pacing.start()
 
-    def loop(lane: Lane, batch: Callable[[Lane], bool]) -> StopReason:
+    def loop(lane: Lane, batch: Callable[[Lane, int | None], bool]) -> StopReason:
         while True:
-            with pacing.turn(lane) if pacing is not None else contextlib.nullcontext():
+            with pacing.turn(lane.stop) if pacing is not None else contextlib.nullcontext():
                 if lane.stop.is_set():
                     return StopReason.CANCELLED
                 if budget.taken and deadline.expired():
                     return StopReason.MAX_DURATION
-                lane.batch_limit = pacing.batch_limit(lane) if pacing is not None else None
-                if not budget.take(lane.batch_limit):
+                size = pacing.batch_size() if pacing is not None else None
+                if not budget.take(size):
                     return StopReason.MAX_BATCHES
                 started = time.monotonic()
-                if not batch(lane):
+                if not batch(lane, size):
                     return StopReason.DRAINED
-                # in the turn: the crew's next batch follows the pause; none follows a spent
-                # budget, so a run at its bound ends without one
-                if pacing is not None and not budget.spent:
-                    pacing.pace(lane, time.monotonic() - started)
+                if pacing is not None and not budget.spent:  # no pause ends a run at its bound
+                    pacing.pace(lane.index, lane.stop, time.monotonic() - started, size)
 
     lanes = [lambda lane, batch=batch: loop(lane, batch) for batch in batches]
     reasons = run_lanes(lanes, stop=stop, deadline=deadline, grace_seconds=grace_seconds)

@@ -37,7 +37,6 @@ def test_structure(dag):
         "runners",
         "max_run_duration_seconds",
         "max_replica_lag_seconds",
-        "max_neighbour_slowdown",
         "max_wal_mb_per_second",
         "dry_run",
     }

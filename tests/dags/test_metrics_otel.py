@@ -100,7 +100,6 @@ SLOT_METRICS = {
     "calendar_slot_expiration_items_total": counter("expired"),
     # the job's role is not in pg_monitor (the grant script's): its runs are not paced, sent at 0
     "calendar_slot_expiration_paced_replica_lag_milliseconds_total": counter(0),
-    "calendar_slot_expiration_paced_neighbour_latency_milliseconds_total": counter(0),
     "calendar_slot_expiration_paced_wal_rate_milliseconds_total": counter(0),
     "calendar_slot_expiration_skip_locked_total": counter(0),  # nothing else locks a slot
     "calendar_slot_expiration_errors_total": counter("poison_rows"),
@@ -116,7 +115,6 @@ RETENTION_METRICS = {
     "activity_retention_eligible_backlog": gauge("deleted_sessions"),  # all eligible, all gone
     "activity_retention_lock_contention_total": counter(0),
     "activity_retention_paced_replica_lag_milliseconds_total": counter(0),  # not paced, as slots
-    "activity_retention_paced_neighbour_latency_milliseconds_total": counter(0),
     "activity_retention_paced_wal_rate_milliseconds_total": counter(0),
     "activity_retention_run_duration_seconds": timing(1, "run_ms"),
     "activity_retention_last_success_timestamp_seconds": gauge("run_window"),

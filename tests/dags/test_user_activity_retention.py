@@ -43,7 +43,6 @@ def test_schedule_and_run_policy(retention_dag):
         "max_batches_per_run",
         "max_run_duration_seconds",
         "max_replica_lag_seconds",
-        "max_neighbour_slowdown",
         "max_wal_mb_per_second",
         "dry_run",
     }

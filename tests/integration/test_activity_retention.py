@@ -183,7 +183,6 @@ def test_empty_run_is_a_successful_noop(db):
         job.M_BATCHES: 0,
         job.M_LOCK_CONTENTION: 0,
         "activity_retention_paced_replica_lag_milliseconds_total": 0,
-        "activity_retention_paced_neighbour_latency_milliseconds_total": 0,
         "activity_retention_paced_wal_rate_milliseconds_total": 0,
     }
 

@@ -60,7 +60,7 @@ def primary(cluster) -> pg.Database:
 
 def pacer(deadline_at: float) -> Pacer:
     return Pacer(
-        PacingLimits(max_replica_lag_seconds=1.0, max_neighbour_slowdown=0),
+        PacingLimits(max_replica_lag_seconds=1.0),
         Telemetry.local(JobLog("pacing_test", "run-1"), RecordingMetrics()),
         paced_metric_prefix="pacing_test_paced",
         deadline_remaining=lambda: max(0.0, deadline_at - time.monotonic()),
@@ -76,23 +76,23 @@ def test_a_held_back_replica_holds_the_loop_until_its_replay_resumes(cluster, ca
     caplog.set_level(logging.INFO)
     paced = pacer(time.monotonic() + 120)
     with psycopg.connect(cluster.primary_url("postgres"), autocommit=True) as conn:
-        paced.start(conn)
-        paced.connections[0] = conn
-        paced.after_batch(0, StopSignal(), 0.05)  # caught up: no hold
+        paced.connections = [conn]
+        paced.start()
+        paced.pace(0, StopSignal(), 0.05, None)  # caught up: no hold
         assert paced.totals.total == 0
         replay(cluster, "pause")
         try:
             conn.execute(WRITE_WAL)  # a batch's WAL the replica does not replay
             time.sleep(PROBE_INTERVAL_SECONDS)  # so that the next batch's end probes
-            paced.after_batch(0, StopSignal(), 0.05)  # seen written, not yet 1 s old
+            paced.pace(0, StopSignal(), 0.05, None)  # seen written, not yet 1 s old
             assert paced.totals.total == 0
-            probed = paced._last
+            probed = paced._history[-1]
             assert probed is not None and probed.replay_bytes < probed.wal_bytes
             time.sleep(1.5)
             conn.execute(WRITE_WAL)  # the next batch: its loop is held now
             threading.Timer(4.0, replay, args=(cluster, "resume")).start()
             started = time.monotonic()
-            paced.after_batch(0, StopSignal(), 0.05)
+            paced.pace(0, StopSignal(), 0.05, None)
             held = time.monotonic() - started
         finally:
             replay(cluster, "resume")
@@ -109,21 +109,21 @@ def test_the_hold_ends_at_the_runs_deadline_and_on_a_stop(cluster):
         try:
             conn.execute(WRITE_WAL)
             paced = pacer(time.monotonic() + 3.0)
-            paced.start(conn)  # sees the WAL written, not replayed
-            paced.connections[0] = conn
+            paced.connections = [conn]
+            paced.start()  # sees the WAL written, not replayed
             time.sleep(1.5)  # the replica is now behind the limit
             started = time.monotonic()
-            paced.after_batch(0, StopSignal(), 0.05)
+            paced.pace(0, StopSignal(), 0.05, None)
             assert time.monotonic() - started < 3.0  # within the deadline, not until resume
 
             stop = StopSignal()
             endless = pacer(time.monotonic() + 120)
-            endless.start(conn)
-            endless.connections[0] = conn
+            endless.connections = [conn]
+            endless.start()
             conn.execute(WRITE_WAL)
             threading.Timer(1.0, stop.set, args=("SIGTERM received",)).start()
             started = time.monotonic()
-            endless.after_batch(0, stop, 0.05)
+            endless.pace(0, stop, 0.05, None)
             assert time.monotonic() - started < 10.0  # the stop ends the hold
         finally:
             replay(cluster, "resume")
@@ -150,7 +150,6 @@ def test_a_slot_drain_holds_while_the_replica_is_held_back_and_drains_once_it_re
                 "batch_size": 100,
                 "max_run_duration_seconds": 60,
                 "max_replica_lag_seconds": 0.05,
-                "max_neighbour_slowdown": 0,
             },
         )
     finally:
@@ -184,7 +183,6 @@ def test_a_retention_step_holds_while_the_replica_is_held_back(cluster, primary,
                 "batch_size": 10,  # 300 batches a step: each step outlasts a probe or two
                 "max_batches_per_run": 1000,
                 "max_replica_lag_seconds": 0.2,
-                "max_neighbour_slowdown": 0,
             },
         )
         result = retention.run(

@@ -27,7 +27,6 @@ def test_config_keys_and_defaults_are_the_design_contract():
         "max_batches_per_run": 200,
         "max_run_duration_seconds": 1800,
         "max_replica_lag_seconds": 2,
-        "max_neighbour_slowdown": 2,
         "max_wal_mb_per_second": 4,
     }
     assert job.CONFIG.extra_params == frozenset({"dry_run"})

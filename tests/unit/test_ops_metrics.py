@@ -40,10 +40,8 @@ BRIEF = {
         "activity_retention_lock_contention_total",
         # pacing (docs/design.md, "Pacing"): milliseconds paced, one counter per reason
         "calendar_slot_expiration_paced_replica_lag_milliseconds_total",
-        "calendar_slot_expiration_paced_neighbour_latency_milliseconds_total",
         "calendar_slot_expiration_paced_wal_rate_milliseconds_total",
         "activity_retention_paced_replica_lag_milliseconds_total",
-        "activity_retention_paced_neighbour_latency_milliseconds_total",
         "activity_retention_paced_wal_rate_milliseconds_total",
     },
     "timing": {

@@ -5,18 +5,15 @@ from __future__ import annotations
 import pytest
 
 from include.pin_maintenance.pacing import (
-    CANARY_SLACK_SECONDS,
-    NICE_MAX,
-    NICE_START,
+    REPLAY_WINDOW_SECONDS,
     SHARED_BATCH_MIN,
     SHARED_BATCH_SECONDS,
     WAL_DEBT_MAX_SECONDS,
     PaceTotals,
     PacingLimits,
     Reading,
-    canary_slow,
     database_shared,
-    next_nice,
+    replay_seconds,
     replica_lag_seconds,
     shared_batch_size,
     wal_paid_until,
@@ -24,10 +21,11 @@ from include.pin_maintenance.pacing import (
 
 
 def reading(at: float, wal: int, replay: int | None, replay_lag: float | None = None) -> Reading:
-    return Reading(at, wal, replay, replay_lag, others_active=1, canary_seconds=None)
+    return Reading(at, wal, replay, replay_lag, others_active=True)
 
 
-HISTORY = [(0.0, 100), (1.0, 200), (2.0, 300), (3.0, 400)]
+# four probes a second apart, the primary writing 100 bytes a second, the replica caught up
+HISTORY = [reading(float(t), 100 * (t + 1), 100 * (t + 1)) for t in range(4)]
 
 
 def test_no_replica_no_lag():
@@ -55,46 +53,12 @@ def test_a_replica_behind_since_before_the_first_sample_is_at_least_that_old():
     assert replica_lag_seconds(HISTORY, reading(10.0, 900, 50)) == pytest.approx(10.0)
 
 
-def test_the_sleep_multiple_doubles_while_slow_and_decays_when_healthy():
-    nice = 0.0
-    seen = []
-    for _ in range(8):
-        nice = next_nice(nice, slow=True)
-        seen.append(nice)
-    assert seen[0] == NICE_START
-    assert seen[1] == 2 * NICE_START
-    assert seen[-1] == NICE_MAX  # capped
-    for _ in range(30):
-        nice = next_nice(nice, slow=False)
-    assert nice == 0.0  # decays to none, not to a residue
-
-
-@pytest.mark.parametrize(
-    ("recent_ms", "baseline_ms", "limit", "slow"),
-    [
-        ([1.0, 1.1, 0.9, 1.0, 1.2], 1.0, 2.0, False),  # as before the run
-        ([2.4, 2.6, 2.5, 2.4, 2.3], 1.0, 2.0, False),  # over 2x, within the slack
-        ([3.0, 3.1, 2.9, 3.2, 3.0], 1.0, 2.0, True),  # the mean is over 2x + slack
-        ([9.0, 1.0, 1.0, 1.0, 1.0], 1.0, 2.0, True),  # a tail moves the mean: the services feel it
-        ([2.0, 1.0, 1.0, 1.0, 1.0], 1.0, 2.0, False),  # a small outlier does not
-        ([0.3, 0.3, 0.3, 0.3, 0.3], 0.1, 2.0, False),  # 3x, but 0.2 ms apart: nobody feels it
-        ([9.0, 9.0, 9.0, 9.0, 9.0], 1.0, 0.0, False),  # the signal is off
-    ],
-)
-def test_a_slow_canary_is_its_recent_mean_over_the_limit(recent_ms, baseline_ms, limit, slow):
-    recent = [ms / 1000 for ms in recent_ms]
-    assert canary_slow(recent, baseline_ms / 1000, limit) is slow
-
-
-def test_the_slack_is_sub_millisecond():
-    assert CANARY_SLACK_SECONDS < 0.001
-
-
 def test_limits_from_config_and_off():
-    assert PacingLimits.from_config({}).off
-    limits = PacingLimits.from_config({"max_replica_lag_seconds": 2, "max_neighbour_slowdown": 0})
+    off = {"max_replica_lag_seconds": 0, "max_wal_mb_per_second": 0}
+    assert PacingLimits.from_config(off).off
+    limits = PacingLimits.from_config(off | {"max_replica_lag_seconds": 2})
     assert not limits.off and limits.max_replica_lag_seconds == 2.0
-    assert not PacingLimits.from_config({"max_wal_mb_per_second": 8}).off
+    assert not PacingLimits.from_config(off | {"max_wal_mb_per_second": 8}).off
 
 
 MB = 1_000_000
@@ -126,9 +90,8 @@ def test_totals_add_up_every_reason():
     totals = PaceTotals()
     assert totals.total == 0.0
     totals.seconds["replica_lag"] += 1.5
-    totals.seconds["neighbour_latency"] += 0.5
     totals.seconds["wal_rate"] += 3.0
-    assert totals.total == 5.0
+    assert totals.total == 4.5
 
 
 @pytest.mark.parametrize(
@@ -158,3 +121,36 @@ def test_the_database_is_shared_when_others_are_active_in_enough_probes(probes, 
 )
 def test_a_shared_batch_takes_about_the_target_time(seconds_per_row, batch_size, size):
     assert shared_batch_size(seconds_per_row, batch_size) == size
+
+
+# A drain alone writing 60 MB/s beside a replica that replays 10 MB/s: probes 0.25 s apart
+REPLAYING = [reading(t, int((40 + 60 * t) * MB), int((40 + 10 * t) * MB)) for t in (0, 0.25, 0.5)]
+
+
+def test_the_time_to_replay_what_the_replica_has_not_is_its_backlog_over_its_rate():
+    # at 1.0 s: 100 MB written, 50 MB replayed, at 10 MB/s over the window: 5 s to go
+    now = reading(1.0, 100 * MB, 50 * MB)
+    assert replay_seconds(REPLAYING, now) == pytest.approx(5.0)
+    # what the time lag shows at that moment is far less: the backlog is young
+    assert replica_lag_seconds(REPLAYING, now) < 1.0
+
+
+def test_replay_time_is_read_over_the_recent_window_only():
+    # replay that stalled long ago and resumed at 10 MB/s in the window: the window's rate
+    old = [reading(-10.0, 1 * MB, 1 * MB)]
+    now = reading(1.0, 100 * MB, 50 * MB)
+    assert replay_seconds(old + REPLAYING, now) == pytest.approx(5.0)
+    assert REPLAY_WINDOW_SECONDS < 11.0
+
+
+@pytest.mark.parametrize(
+    ("history", "now"),
+    [
+        (REPLAYING, reading(1.0, 100 * MB, None)),  # no replica
+        (REPLAYING, reading(1.0, 100 * MB, 100 * MB)),  # caught up
+        ([], reading(1.0, 100 * MB, 50 * MB)),  # no rate yet: the time lag alone decides
+        ([reading(0.5, 60 * MB, 50 * MB)], reading(1.0, 100 * MB, 50 * MB)),  # stalled
+    ],
+)
+def test_no_replay_time_without_a_replica_a_backlog_or_a_rate(history, now):
+    assert replay_seconds(history, now) == 0.0

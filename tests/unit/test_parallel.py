@@ -193,7 +193,7 @@ class FakeClock:
 def test_a_loop_stops_on_its_first_short_batch():
     calls = []
 
-    def batch(lane):
+    def batch(lane, size):
         calls.append(lane.index)
         return len(calls) < 3
 
@@ -207,7 +207,7 @@ def test_a_loop_stops_on_its_first_short_batch():
 def test_the_budget_bounds_the_batches_of_all_loops_together():
     counts = [0, 0, 0]
 
-    def batch(lane):
+    def batch(lane, size):
         counts[lane.index] += 1
         time.sleep(0.001)
         return True
@@ -226,7 +226,7 @@ def test_the_deadline_is_checked_between_batches_and_the_first_batch_always_runs
     deadline = Deadline(0, clock=clock)  # already expired
     calls = []
 
-    def batch(lane):
+    def batch(lane, size):
         calls.append(clock.now)
         return True
 
@@ -241,7 +241,7 @@ def test_a_stop_ends_every_loop_after_the_batch_in_hand():
     stop = StopSignal()
     calls = []
 
-    def batch(lane):
+    def batch(lane, size):
         calls.append(lane.index)
         if len(calls) == 2:
             stop.set("test")
@@ -257,10 +257,10 @@ def test_a_stop_ends_every_loop_after_the_batch_in_hand():
 def test_a_failing_loop_stops_its_siblings_and_its_error_is_raised():
     seen = []
 
-    def failing(lane):
+    def failing(lane, size):
         raise Boom("lane 1 broke")
 
-    def steady(lane):
+    def steady(lane, size):
         seen.append(lane.stop.is_set())
         time.sleep(0.01)
         return True
@@ -291,19 +291,22 @@ def test_the_crew_reports_its_strongest_stop_reason(reasons, expected):
 
 
 class RecordingPacing:
-    """A pacing that notes what ran inside its turns and after which batches it paced, and
-    sizes every batch at ``limit``."""
+    """A pacing that notes when it started, waited and paced, and sizes every batch at
+    ``limit``."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.events: list[str] = []
-        self.inside = False
         self.limit = limit
+        self.inside = False
 
-    def batch_limit(self, lane):
+    def start(self):
+        self.events.append("start")
+
+    def batch_size(self):
         return self.limit
 
     @contextlib.contextmanager
-    def turn(self, lane):
+    def turn(self, stop):
         self.events.append("turn")
         self.inside = True
         try:
@@ -311,16 +314,16 @@ class RecordingPacing:
         finally:
             self.inside = False
 
-    def pace(self, lane, batch_seconds):
-        assert self.inside  # the pause holds the turn: the crew's next batch follows it
-        self.events.append(f"pace {batch_seconds >= 0.01}")
+    def pace(self, lane, stop, batch_seconds, rows):
+        assert self.inside  # in the turn: the crew's next batch follows the pause
+        self.events.append(f"pace {batch_seconds >= 0.01} {rows}")
 
 
-def test_each_batch_and_its_pause_run_inside_a_turn_and_only_full_batches_are_paced():
+def test_each_batch_and_its_pace_run_in_a_turn_and_only_full_batches_are_paced():
     pacing = RecordingPacing()
     calls = []
 
-    def batch(lane):
+    def batch(lane, size):
         assert pacing.inside  # the batch (and the checks before it) hold the turn
         calls.append(lane.index)
         time.sleep(0.01)
@@ -335,7 +338,9 @@ def test_each_batch_and_its_pause_run_inside_a_turn_and_only_full_batches_are_pa
         pacing=pacing,
     )
     assert reason is StopReason.DRAINED
-    assert pacing.events == ["turn", "pace True", "turn", "pace True", "turn"]
+    assert pacing.events == [
+        "start", "turn", "pace True None", "turn", "pace True None", "turn"
+    ]  # fmt: skip
 
 
 def test_a_batch_sized_by_pacing_takes_its_share_of_the_budget():
@@ -343,8 +348,8 @@ def test_a_batch_sized_by_pacing_takes_its_share_of_the_budget():
     pacing = RecordingPacing(limit=40)
     sizes = []
 
-    def batch(lane):
-        sizes.append(lane.batch_limit)
+    def batch(lane, size):
+        sizes.append(size)
         return True
 
     reason = run_batch_loops(
@@ -357,13 +362,14 @@ def test_a_batch_sized_by_pacing_takes_its_share_of_the_budget():
     )
     assert reason is StopReason.MAX_BATCHES
     assert sizes == [40] * 5
+    assert pacing.events.count("pace False 40") == 4  # each batch but the last, by its size
 
 
 def test_the_batch_that_spends_the_budget_is_not_paced():
     # the pause is for the batch after it: a run at its bound ends without one
     pacing = RecordingPacing()
 
-    def batch(lane):
+    def batch(lane, size):
         time.sleep(0.01)
         return True
 
@@ -376,7 +382,9 @@ def test_the_batch_that_spends_the_budget_is_not_paced():
         pacing=pacing,
     )
     assert reason is StopReason.MAX_BATCHES
-    assert pacing.events == ["turn", "pace True", "turn", "pace True", "turn", "turn"]
+    assert pacing.events == [
+        "start", "turn", "pace True None", "turn", "pace True None", "turn", "turn"
+    ]  # fmt: skip
 
 
 def test_a_budget_without_a_batch_size_counts_whole_batches():
@@ -389,7 +397,7 @@ def test_a_stop_seen_inside_the_turn_ends_the_loop_before_its_batch():
     stop = StopSignal()
     calls = []
 
-    def batch(lane):
+    def batch(lane, size):
         calls.append(lane.index)
         stop.set("test")
         return True
@@ -403,4 +411,4 @@ def test_a_stop_seen_inside_the_turn_ends_the_loop_before_its_batch():
         pacing=pacing,
     )
     assert reason is StopReason.CANCELLED
-    assert calls == [0] and pacing.events == ["turn", "pace False", "turn"]
+    assert calls == [0] and pacing.events == ["start", "turn", "pace False None", "turn"]

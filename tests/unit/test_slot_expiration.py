@@ -34,7 +34,6 @@ def test_config_defaults_match_the_contract():
         "runners": 2,
         "max_run_duration_seconds": 30,
         "max_replica_lag_seconds": 2,
-        "max_neighbour_slowdown": 2,
         "max_wal_mb_per_second": 4,
     }
 
@@ -56,8 +55,8 @@ def test_config_defaults_match_the_contract():
         ('{"lock_ttl_seconds": 60}', None, "unknown config key 'lock_ttl_seconds'"),
         (None, {"max_replica_lag_seconds": -1}, "max_replica_lag_seconds = -1"),
         (None, {"max_replica_lag_seconds": 3601}, "allowed: number 0..3600"),
-        (None, {"max_neighbour_slowdown": 0.5}, "allowed: 0 (off) or 1..100"),
-        (None, {"max_neighbour_slowdown": 101}, "allowed: number 0..100"),
+        # a key this version no longer has (the canary's): refused, not silently ignored
+        ('{"max_neighbour_slowdown": 2}', None, "unknown config key 'max_neighbour_slowdown'"),
         (None, {"max_wal_mb_per_second": -1}, "max_wal_mb_per_second = -1"),
         ('{"max_wal_mb_per_second": 10001}', None, "allowed: number 0..10000"),
     ],
@@ -93,7 +92,7 @@ def test_a_run_takes_a_partial_config_with_the_defaults(config, expected):
         ({"batch_size": "500"}, "batch_size = '500' (from config) is not valid"),
         ({"max_run_duration_seconds": 0}, "max_run_duration_seconds = 0 (from config)"),
         ({"max_attempts": 3}, "unknown config key 'max_attempts'"),
-        ({"max_neighbour_slowdown": 0.5}, "max_neighbour_slowdown = 0.5 (from config)"),
+        ({"max_neighbour_slowdown": 2}, "unknown config key 'max_neighbour_slowdown'"),
     ],
 )
 def test_a_run_refuses_a_bad_config_before_it_connects(config, message):

@@ -215,7 +215,6 @@ def prepare(
             dry_run=bool(dry_run),
             runners=int(config["runners"]),
             max_replica_lag_seconds=float(config.get("max_replica_lag_seconds", 0)),
-            max_neighbour_slowdown=float(config.get("max_neighbour_slowdown", 0)),
             max_wal_mb_per_second=float(config.get("max_wal_mb_per_second", 0)),
         )
         telemetry.metrics.gauge(M_ELIGIBLE_BACKLOG, plan.eligible_backlog)
@@ -386,13 +385,11 @@ def _walk(
 def _pacer(
     plan: RunPlan, table: str, run: JobRun, conns: list[psycopg.Connection], deadline: Deadline
 ) -> Pacer | None:
-    """The step's pacing (docs/design.md, "Pacing"), its baseline read before the first batch;
+    """The step's pacing (docs/design.md, "Pacing"), started by its batch loops;
     a dry run only reads and is not paced. The child steps' batches are sized while others use
     the database; the sessions step's stay whole: a session batch is the seed's unit
     (``BatchesProcessed``), and its statements write little WAL."""
-    limits = PacingLimits(
-        plan.max_replica_lag_seconds, plan.max_neighbour_slowdown, plan.max_wal_mb_per_second
-    )
+    limits = PacingLimits(plan.max_replica_lag_seconds, plan.max_wal_mb_per_second)
     if plan.dry_run or limits.off:
         return None
     pacer = Pacer(
@@ -402,8 +399,7 @@ def _pacer(
         deadline_remaining=deadline.remaining,
         batch_size=None if table == "sessions" else plan.batch_size,
     )
-    pacer.connections = dict(enumerate(conns))  # before the baseline: its own are not others
-    pacer.start(conns[0])
+    pacer.connections = list(conns)
     return pacer
 
 

@@ -8,7 +8,7 @@ one delete step in :mod:`include.pin_maintenance.jobs.activity_retention_walk`.
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -94,7 +94,6 @@ class RunPlan:
     runners: int = 1  # batch loops per delete task (an XCom from before the key meant one)
     # pacing (docs/design.md, "Pacing"); a plan from before the keys existed gets their defaults
     max_replica_lag_seconds: float = 2.0
-    max_neighbour_slowdown: float = 2.0
     max_wal_mb_per_second: float = 4.0
 
     def to_xcom(self) -> dict[str, Any]:
@@ -105,7 +104,8 @@ class RunPlan:
 
     @classmethod
     def from_xcom(cls, data: dict[str, Any]) -> RunPlan:
-        values = dict(data)
+        # a plan written by another version of the code may hold keys this one no longer has
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["cutoff"] = datetime.fromisoformat(values["cutoff"])
         values["deadline_at"] = datetime.fromisoformat(values["deadline_at"])
         return cls(**values)

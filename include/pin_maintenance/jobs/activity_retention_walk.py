@@ -166,9 +166,9 @@ class KeysetWalk:
     def abort(self) -> None:
         self._aborted.set()
 
-    def batch(self, lane: Lane, conn: psycopg.Connection) -> bool:
-        """Claim, delete and commit one batch on ``conn``; True when it was full."""
-        size = lane.batch_limit or self.plan.batch_size  # smaller while paced (pacing.py)
+    def batch(self, lane: Lane, conn: psycopg.Connection, size: int) -> bool:
+        """Claim, delete and commit one batch of ``size`` sessions on ``conn``; True when it
+        was full."""
         batch = self._claim(lane, conn, size)
         if batch is None:
             return False
@@ -335,7 +335,7 @@ class _LaneBatch:
         self._walk, self._conn, self._parent = walk, conn, parent
         self._joined = False
 
-    def __call__(self, lane: Lane) -> bool:
+    def __call__(self, lane: Lane, size: int | None) -> bool:
         if not self._joined:
             self._joined = True
             if lane.index:
@@ -347,7 +347,7 @@ class _LaneBatch:
                 functools.partial(self._conn.cancel_safe, timeout=CANCEL_TIMEOUT_SECONDS)
             )
         try:
-            return self._walk.batch(lane, self._conn)
+            return self._walk.batch(lane, self._conn, size or self._walk.plan.batch_size)
         except BaseException:
             _end_interrupted(self._conn)
             raise

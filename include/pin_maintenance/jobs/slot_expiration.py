@@ -321,21 +321,15 @@ class BatchLoops:
         # The first batch alone decides whether side loops are worth their connections: a
         # short one (nothing more due, the usual cycle) opens none and reads no pacing signal.
         self.budget.take()
-        started = time.monotonic()
         if not run_batch(conn, self.cycle, self.positions[0], self.telemetry, self.alerts):
             return StopReason.DRAINED
-        if self.pacer is not None:
-            batch_seconds = time.monotonic() - started
-            self.pacer.start(conn)  # its baseline: the database before the drain's other batches
-            self.pacer.connections[0] = conn
-            self.pacer.after_batch(0, self.stop, batch_seconds, rows=self.cycle.batch_size)
         side = self._open_side_connections(conn)
         batches = [self._batches(conn, self.positions[0])]
         for number, side_conn in enumerate(side, start=2):
             self.positions.append(KeysetPosition(number))
             batches.append(self._batches(side_conn, self.positions[-1], otel_context.get_current()))
-            if self.pacer is not None:
-                self.pacer.connections[number - 1] = side_conn
+        if self.pacer is not None:
+            self.pacer.connections = [conn, *side]
         try:
             return run_batch_loops(
                 batches,
@@ -373,20 +367,18 @@ class BatchLoops:
         conn: psycopg.Connection,
         position: KeysetPosition,
         parent: otel_context.Context | None = None,
-    ) -> Callable[[Lane], bool]:
+    ) -> Callable[[Lane, int | None], bool]:
         """One loop's batch on ``conn``, for :func:`run_batch_loops`."""
         first = True
 
-        def batch(lane: Lane) -> bool:
+        def batch(lane: Lane, size: int | None) -> bool:
             nonlocal first
             if first:
                 first = False
                 lane.on_cancel(conn.cancel_safe)  # interrupts a statement in flight
                 if parent is not None:
                     otel_context.attach(parent)  # a thread starts with an empty context
-            return run_batch(
-                conn, self.cycle, position, self.telemetry, self.alerts, size=lane.batch_limit
-            )
+            return run_batch(conn, self.cycle, position, self.telemetry, self.alerts, size=size)
 
         return batch
 

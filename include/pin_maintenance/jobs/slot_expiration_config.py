@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from include.pin_maintenance.config import ConfigSpec, Setting
-from include.pin_maintenance.pacing_config import PACING_RULES, PACING_SETTINGS
+from include.pin_maintenance.pacing_config import PACING_SETTINGS
 
 JOB = "calendar_slot_expiration"
 CONN_ID = "calendar_db"
@@ -72,6 +72,5 @@ CONFIG = ConfigSpec(
         ),
         *PACING_SETTINGS,
     ),
-    rules=PACING_RULES,
     extra_params=frozenset({"dry_run"}),
 )
