@@ -95,8 +95,7 @@ AIRFLOW_CONFIG = {"max_run_duration_seconds": 540, "lock_ttl_seconds": 600}
 def detach_concurrency(bench) -> int:
     if bench.concurrency is None:
         module = importlib.import_module(JOB_MODULES["detach"])
-        defaults = module.CONFIG.defaults
-        bench.concurrency = int(defaults.get("detach_concurrency", 1))
+        bench.concurrency = module.CONFIG.defaults.detach_concurrency
     return bench.concurrency
 
 

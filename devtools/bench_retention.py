@@ -103,8 +103,8 @@ def bench_retention(bench: Bench, out: list[str]) -> None:
         for shape in bench.plan.retention_shapes:
             rows.append(_measure(bench, eligible, shape))
     out.append(
-        f"Job: `activity_retention.run()` with defaults (batch_size {defaults['batch_size']}, "
-        f"runners {defaults['runners']}), `max_batches_per_run` and `max_run_duration_seconds` "
+        f"Job: `activity_retention.run()` with defaults (batch_size {defaults.batch_size}, "
+        f"runners {defaults.runners}), `max_batches_per_run` and `max_run_duration_seconds` "
         "raised so one run drains the backlog; also with `runners` 1 (one batch loop per "
         "delete step). Limit: one transaction deleting the action_events, then the "
         "property_object_views, then the sessions of every eligible id (three set-based "

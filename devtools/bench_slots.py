@@ -89,7 +89,7 @@ def bench_slots(bench: Bench, out: list[str]) -> None:
     config = dict(DRAIN_CONFIG)
     module = importlib.import_module(JOB_MODULES["slots"])
     defaults = module.CONFIG.defaults
-    default_batch, runners = int(defaults["batch_size"]), int(defaults["runners"])
+    default_batch, runners = defaults.batch_size, defaults.runners
     rows = []
     for total, due in bench.plan.slots:
         template = bench.slots_template(total, due)

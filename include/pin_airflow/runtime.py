@@ -8,6 +8,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -16,7 +17,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Tracer
 
 from include.pin_maintenance import privileges, server_version
-from include.pin_maintenance.config import ConfigError, ConfigSpec, Rule
+from include.pin_maintenance.config import C, ConfigError, ConfigSpec, JobConfig, Rule
 from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.telemetry import JobLog, Telemetry
 
@@ -45,18 +46,18 @@ class InvalidConfig(ConfigError, AirflowFailException):
 
 # A job's worst-case run length with a resolved config, in seconds (e.g.
 # slot_expiration_config.worst_case_run_seconds).
-RunSeconds = Callable[[Mapping[str, Any]], float]
+RunSeconds = Callable[[Any], float]
 # The key that sets how long a run goes on, in every job.
 RUN_KEY = "max_run_duration_seconds"
 
 
 def resolve_config(
-    spec: ConfigSpec,
+    spec: ConfigSpec[C],
     context: Mapping[str, Any],
     run_seconds: RunSeconds | Mapping[str, RunSeconds] | None = None,
-) -> dict[str, Any]:
+) -> C:
     """Defaults <- Variable named after the DAG id <- the run's params
-    (docs/design.md, "Configuration").
+    (docs/design.md, "Configuration"), as the job's typed config.
 
     ``run_seconds`` is the job's worst-case rule for the running task, or one per task id of
     its DAG when the config is resolved for tasks that run later (retention's prepare). A
@@ -107,10 +108,10 @@ def timeout_rule(task_id: str, timeout: float, seconds: RunSeconds) -> Rule:
     )
 
 
-def _largest_fitting(values: Mapping[str, Any], timeout: float, seconds: RunSeconds) -> str:
+def _largest_fitting(config: JobConfig, timeout: float, seconds: RunSeconds) -> str:
     # The rules grow linearly with the key: its share of it plus what the rest of the run needs.
-    rest = seconds({**values, RUN_KEY: 0})
-    share = (seconds(values) - rest) / float(values[RUN_KEY])
+    rest = seconds(replace(config, **{RUN_KEY: 0.0}))
+    share = (seconds(config) - rest) / getattr(config, RUN_KEY)
     largest = (timeout - rest) / share if share > 0 else 0.0
     if largest <= 0:
         return f"none until the execution_timeout exceeds {rest:g} s"

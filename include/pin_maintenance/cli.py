@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 
 from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
-from include.pin_maintenance.config import ConfigError
+from include.pin_maintenance.config import ConfigError, JobConfig
 from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.lifecycle import CONFIG_INVALID, JobSpec, describe_error
 from include.pin_maintenance.privileges import MissingPrivileges
@@ -40,7 +40,7 @@ class CliRun:
     """What a job's CLI body gets: parsed arguments, validated config and the run's parts."""
 
     args: argparse.Namespace
-    config: dict[str, Any]
+    config: JobConfig  # the job's typed config (its ConfigSpec.resolve)
     connect: Connect
     telemetry: Telemetry
     stop: StopSignal

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import psycopg
 
 from include.pin_maintenance import sql
+from include.pin_maintenance.pacing_config import PacingConfig
 from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 
@@ -61,8 +62,8 @@ class PacingLimits:
     max_wal_mb_per_second: float = 0.0
 
     @classmethod
-    def from_config(cls, config) -> PacingLimits:
-        return cls(float(config["max_replica_lag_seconds"]), float(config["max_wal_mb_per_second"]))
+    def from_config(cls, config: PacingConfig) -> PacingLimits:
+        return cls(config.max_replica_lag_seconds, config.max_wal_mb_per_second)
 
     @property
     def off(self) -> bool:

@@ -5,13 +5,17 @@ DAG files import this at parse time through the jobs' config modules: config rul
 
 from __future__ import annotations
 
-from include.pin_maintenance.config import Setting
+from dataclasses import dataclass
 
-PACING_SETTINGS = (
-    Setting(
-        "max_replica_lag_seconds",
+from include.pin_maintenance.config import JobConfig, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class PacingConfig(JobConfig):
+    """The pacing keys, inherited by the config of each job that paces its batches."""
+
+    max_replica_lag_seconds: float = setting(
         2,
-        kind=float,
         minimum=0,
         maximum=3600,
         help=(
@@ -19,11 +23,9 @@ PACING_SETTINGS = (
             "many seconds behind; 0 = do not watch replicas. Reading the replicas needs the "
             "job role in pg_monitor; without it the job runs without this signal (one warning)."
         ),
-    ),
-    Setting(
-        "max_wal_mb_per_second",
+    )
+    max_wal_mb_per_second: float = setting(
         4,
-        kind=float,
         minimum=0,
         maximum=10000,
         help=(
@@ -31,8 +33,9 @@ PACING_SETTINGS = (
             "this by sleeping between batches: the services' commits wait behind the WAL the "
             "drain writes; 0 = off."
         ),
-    ),
-)
+    )
 
-# Every signal off: a run at its own speed, as before pacing (a test of a bound, a bench case).
+
+# Every signal off, as config overrides: a run at its own speed, as before pacing (a test of a
+# bound, a bench case).
 PACING_OFF = {"max_replica_lag_seconds": 0, "max_wal_mb_per_second": 0}

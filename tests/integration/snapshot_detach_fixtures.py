@@ -15,6 +15,7 @@ from include.pin_maintenance.jobs.snapshot_detach_client import (
     HttpDetachClient,
     basic_auth_session,
 )
+from include.pin_maintenance.jobs.snapshot_detach_config import DetachConfig
 from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 from tests.job_db import job_connect, job_telemetry
@@ -33,7 +34,7 @@ def make_client(svc: SelectionsService, password: str = DEFAULT_PASSWORD) -> Htt
     return HttpDetachClient(svc.url, lambda: basic_auth_session(DEFAULT_LOGIN, password))
 
 
-def config(**overrides: Any) -> dict[str, Any]:
+def config(**overrides: Any) -> DetachConfig:
     return snapshot_detach.CONFIG.resolve(None, {**TEST_CONFIG, **overrides})
 
 

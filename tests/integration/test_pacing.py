@@ -338,7 +338,7 @@ def test_a_role_without_pg_monitor_runs_unpaced_with_one_warning(db, caplog):
 
 def test_pacing_off_reads_nothing(db):
     with psycopg.connect(db.url, autocommit=True) as conn:
-        paced = started(pacer(PacingLimits.from_config(PACING_OFF)), conn)
+        paced = started(pacer(PacingLimits(0, 0)), conn)
         paced.pace(0, StopSignal(), 0.05, None)
     assert not paced._history and paced.totals.total == 0
 

@@ -96,7 +96,7 @@ def test_many_hour_outage_quarantines_nothing_and_the_backlog_drains_after(db, s
     start = datetime.now(UTC)
     refused = _refused_client()
     cfg = config(batch_size=100, detach_call_timeout_seconds=0.1, detach_concurrency=8)
-    bound = cfg["breaker_failure_threshold"] + cfg["detach_concurrency_min"] - 1
+    bound = cfg.breaker_failure_threshold + cfg.detach_concurrency_min - 1
     runs = 8 * 12  # eight hours of 5-minute ticks
     phases = ["error_503"] * 40 + ["refused"] * 40 + ["slow"] * 16  # then timeouts
     per_run = []

@@ -20,8 +20,8 @@ from tests.integration.snapshot_detach_fixtures import config, insert_entries, r
 DEFAULTS = snapshot_detach.CONFIG.defaults
 # the DAG's own limits (the module's test config pins them low)
 JOB_LIMITS = {
-    "detach_concurrency": DEFAULTS["detach_concurrency"],
-    "detach_call_timeout_seconds": DEFAULTS["detach_call_timeout_seconds"],
+    "detach_concurrency": DEFAULTS.detach_concurrency,
+    "detach_call_timeout_seconds": DEFAULTS.detach_call_timeout_seconds,
 }
 
 
@@ -45,7 +45,7 @@ def test_a_plain_threaded_server_gets_every_row_done_in_one_run(db, latency_sigm
     assert result.calls == 300 + result.call_retries
     # a call lost before it reached the service is not in its log
     assert 300 <= sum(calls.values()) <= result.calls and max(calls.values()) <= 2
-    assert result.concurrency_peak <= DEFAULTS["detach_concurrency"]
+    assert result.concurrency_peak <= DEFAULTS.detach_concurrency
 
 
 def test_two_runs_started_together_on_a_small_queue_lose_no_row(db):

@@ -20,7 +20,7 @@ from tests.job_db import job_telemetry
 
 def test_config_keys_and_defaults_are_the_design_contract():
     assert job.CONFIG.job == "user_activity_retention"
-    assert job.CONFIG.resolve(None, None) == {
+    assert dataclasses.asdict(job.CONFIG.resolve(None, None)) == {
         "retention_period_days": 365,
         "batch_size": 5000,
         "runners": 3,
@@ -58,12 +58,12 @@ def test_invalid_config_names_key_value_and_range(variable, params, key, allowed
 
 
 def test_edges_of_the_ranges_are_valid():
-    values = job.CONFIG.resolve(
+    config = job.CONFIG.resolve(
         {"retention_period_days": 1, "batch_size": 50_000},
         {"max_batches_per_run": 1, "max_run_duration_seconds": 0.5, "dry_run": True},
     )
-    assert values["batch_size"] == 50_000
-    assert values["max_run_duration_seconds"] == 0.5
+    assert config.batch_size == 50_000
+    assert config.max_run_duration_seconds == 0.5
 
 
 def test_every_query_file_exists():
@@ -79,16 +79,39 @@ PLAN = job.RunPlan(
     cutoff=datetime(2025, 11, 30, 0, 0, tzinfo=UTC),
     deadline_at=datetime(2026, 11, 30, 0, 30, tzinfo=UTC),
     started_at_unix=1_000.0,
-    retention_period_days=365,
-    batch_size=5000,
-    max_batches_per_run=200,
-    max_run_duration_seconds=1800.0,
     eligible_backlog=42,
+    config=job.CONFIG.resolve(None, {"runners": 1}),  # else the defaults
 )
 
 
 def test_plan_and_step_survive_a_json_xcom_round_trip():
     assert job.RunPlan.from_xcom(json.loads(json.dumps(PLAN.to_xcom()))) == PLAN
+    wide = dataclasses.replace(
+        PLAN, config=job.CONFIG.resolve(None, {"max_wal_mb_per_second": 0.5})
+    )
+    again = job.RunPlan.from_xcom(json.loads(json.dumps(wide.to_xcom())))
+    assert again == wide and type(again.config.max_replica_lag_seconds) is float
+
+
+def test_the_plan_xcom_is_one_flat_object_of_the_config_keys_and_the_plan():
+    data = PLAN.to_xcom()
+    assert data == {
+        **dataclasses.asdict(PLAN.config),
+        "cutoff": "2025-11-30T00:00:00+00:00",
+        "deadline_at": "2026-11-30T00:30:00+00:00",
+        "started_at_unix": 1_000.0,
+        "eligible_backlog": 42,
+        "dry_run": False,
+    }
+
+
+def test_a_plan_from_before_the_pacing_keys_gets_their_defaults():
+    keys = ("max_replica_lag_seconds", "max_neighbour_slowdown", "max_wal_mb_per_second")
+    unpaced = dataclasses.replace(PLAN.config, **dict.fromkeys(keys, 0))
+    old = dataclasses.replace(PLAN, config=unpaced).to_xcom()
+    for key in keys:
+        del old[key]
+    assert job.RunPlan.from_xcom(old) == PLAN  # PLAN's config has the pacing defaults
     step = job.StepResult("sessions", rows=3, batches=1, stop_reason="max_batches")
     assert job.StepResult.from_xcom(json.loads(json.dumps(step.to_xcom()))) == step
 
@@ -161,20 +184,23 @@ def test_lock_lease_outlives_a_run_plus_one_batch():
     ],
 )
 def test_runner_count_follows_config_backlog_and_bounds(plan, loops):
-    assert PLAN.batch_size == 5000
-    assert job._runner_count(dataclasses.replace(PLAN, **plan)) == loops
+    assert PLAN.config.batch_size == 5000
+    keys = {s.name for s in job.CONFIG.settings}
+    config = dataclasses.replace(PLAN.config, **{k: v for k, v in plan.items() if k in keys})
+    rest = {k: v for k, v in plan.items() if k not in keys}
+    assert job._runner_count(dataclasses.replace(PLAN, config=config, **rest)) == loops
 
 
 def test_a_plan_from_before_the_runners_key_means_one_loop():
     old = {k: v for k, v in PLAN.to_xcom().items() if k != "runners"}
-    assert job.RunPlan.from_xcom(old).runners == 1
+    assert job.RunPlan.from_xcom(old).config.runners == 1
 
 
 def test_each_step_stops_at_its_share_of_the_run_and_the_last_at_the_run_deadline():
     deadlines = [job.step_deadline(PLAN, t) for t in job.TABLES]
     assert deadlines == sorted(deadlines)  # children first, each later step after
     assert deadlines[-1] == PLAN.deadline_at
-    start = PLAN.deadline_at - job.timedelta(seconds=PLAN.max_run_duration_seconds)
+    start = PLAN.deadline_at - job.timedelta(seconds=PLAN.config.max_run_duration_seconds)
     assert deadlines[0] == start + job.timedelta(seconds=360)  # a fifth of 1800 s
     # the views step may take 1.5x what the first step had, the sessions step at least 2.5x
     first = (deadlines[0] - start).total_seconds()
@@ -208,7 +234,7 @@ def test_a_later_step_covers_what_the_step_before_it_covered(step, covered):
 def test_lock_alert_threshold_is_the_lease_not_the_run_budget():
     """A step of a live run holds the lock up to its lease; only a holder past it alerts."""
     assert job.lock_lease_seconds(PLAN) == 1800 + job.LOCK_TTL_MARGIN_SECONDS
-    worst_step = PLAN.max_run_duration_seconds + job.STOP_GRACE_SECONDS
+    worst_step = PLAN.config.max_run_duration_seconds + job.STOP_GRACE_SECONDS
     assert worst_step < job.lock_lease_seconds(PLAN)
 
 

@@ -2,22 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import pytest
 
-from include.pin_maintenance.config import ConfigError, ConfigSpec, Rule, Setting, brief
+from include.pin_maintenance.config import (
+    ConfigError,
+    ConfigSpec,
+    JobConfig,
+    Rule,
+    Setting,
+    brief,
+    setting,
+    settings_of,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig(JobConfig):
+    batch_size: int = setting(100, minimum=1, maximum=10_000)
+    max_run_duration_seconds: float = setting(240, minimum=0, exclusive_minimum=True)
+    lock_ttl_seconds: float = setting(360, minimum=0, exclusive_minimum=True)
+
 
 SPEC = ConfigSpec(
     job="demo_job",
-    settings=(
-        Setting("batch_size", 100, minimum=1, maximum=10_000),
-        Setting("max_run_duration_seconds", 240, kind=float, minimum=0, exclusive_minimum=True),
-        Setting("lock_ttl_seconds", 360, kind=float, minimum=0, exclusive_minimum=True),
-    ),
+    config_class=DemoConfig,
     rules=(
         Rule(
             "lock_ttl_seconds",
-            lambda v: v["lock_ttl_seconds"] > v["max_run_duration_seconds"],
-            lambda v: f"> max_run_duration_seconds ({v['max_run_duration_seconds']})",
+            lambda c: c.lock_ttl_seconds > c.max_run_duration_seconds,
+            lambda c: f"> max_run_duration_seconds ({c.max_run_duration_seconds:g})",
         ),
     ),
     extra_params=frozenset({"dry_run"}),
@@ -25,7 +41,7 @@ SPEC = ConfigSpec(
 
 
 def test_defaults_when_nothing_is_given():
-    assert SPEC.resolve(None, None) == {
+    assert dataclasses.asdict(SPEC.resolve(None, None)) == {
         "batch_size": 100,
         "max_run_duration_seconds": 240,
         "lock_ttl_seconds": 360,
@@ -33,20 +49,21 @@ def test_defaults_when_nothing_is_given():
 
 
 def test_variable_overrides_default_and_params_override_variable():
-    values = SPEC.resolve('{"batch_size": 50, "lock_ttl_seconds": 400}', {"batch_size": 7})
-    assert values["batch_size"] == 7
-    assert values["lock_ttl_seconds"] == 400
+    config = SPEC.resolve('{"batch_size": 50, "lock_ttl_seconds": 400}', {"batch_size": 7})
+    assert config.batch_size == 7
+    assert config.lock_ttl_seconds == 400
 
 
 def test_none_param_means_not_given():
-    assert SPEC.resolve('{"batch_size": 50}', {"batch_size": None})["batch_size"] == 50
+    assert SPEC.resolve('{"batch_size": 50}', {"batch_size": None}).batch_size == 50
 
 
 def test_extra_params_are_accepted_from_the_trigger_and_left_out_of_the_config():
     """``dry_run`` is a per-run param, not a config key: accepted, and it changes nothing."""
     assert SPEC.resolve(None, {"dry_run": True}) == SPEC.resolve(None, None) == SPEC.defaults
-    values = SPEC.resolve('{"batch_size": 50}', {"dry_run": False, "lock_ttl_seconds": 400})
-    assert values == {"batch_size": 50, "max_run_duration_seconds": 240, "lock_ttl_seconds": 400}
+    config = SPEC.resolve('{"batch_size": 50}', {"dry_run": False, "lock_ttl_seconds": 400})
+    assert config == DemoConfig(batch_size=50, max_run_duration_seconds=240, lock_ttl_seconds=400)
+    assert not hasattr(config, "dry_run")
 
 
 def test_an_extra_param_in_the_variable_is_an_unknown_key():
@@ -55,7 +72,66 @@ def test_an_extra_param_in_the_variable_is_an_unknown_key():
 
 
 def test_int_accepted_for_float_key_and_kept_numeric():
-    assert SPEC.resolve(None, {"max_run_duration_seconds": 10})["max_run_duration_seconds"] == 10.0
+    assert SPEC.resolve(None, {"max_run_duration_seconds": 10}).max_run_duration_seconds == 10.0
+
+
+def test_the_resolved_config_is_frozen_and_typed():
+    config = SPEC.resolve('{"lock_ttl_seconds": 400}', {"max_run_duration_seconds": 5})
+    assert type(config) is DemoConfig
+    assert type(config.batch_size) is int
+    # a float key holds a float, also when given 5 (and when its default is written 240)
+    assert type(config.max_run_duration_seconds) is float and config.max_run_duration_seconds == 5
+    assert type(config.lock_ttl_seconds) is float
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.batch_size = 1  # type: ignore[misc]
+
+
+def test_the_settings_are_derived_from_the_config_class_fields():
+    assert settings_of(DemoConfig) == SPEC.settings
+    assert SPEC.settings == (
+        Setting("batch_size", 100, minimum=1, maximum=10_000),
+        Setting("max_run_duration_seconds", 240, kind=float, minimum=0, exclusive_minimum=True),
+        Setting("lock_ttl_seconds", 360, kind=float, minimum=0, exclusive_minimum=True),
+    )
+
+
+def test_a_subclass_lists_its_own_keys_before_the_inherited_ones():
+    @dataclass(frozen=True, kw_only=True)
+    class Wider(DemoConfig):
+        runners: int = setting(2, minimum=1)
+
+    names = [s.name for s in settings_of(Wider)]
+    assert names == ["runners", "batch_size", "max_run_duration_seconds", "lock_ttl_seconds"]
+
+
+def test_a_config_class_field_that_is_not_a_setting_is_refused():
+    @dataclass(frozen=True, kw_only=True)
+    class Plain(JobConfig):
+        batch_size: int = 10
+
+    @dataclass(frozen=True, kw_only=True)
+    class Text(JobConfig):
+        name: str = setting("x")  # type: ignore[arg-type]
+
+    for config_class in (Plain, Text):
+        with pytest.raises(TypeError, match="must be declared as"):
+            settings_of(config_class)
+
+
+def test_a_config_class_must_be_a_frozen_dataclass():
+    @dataclass
+    class Loose:
+        batch_size: int = setting(10)
+
+    for config_class in (Loose, type("NotADataclass", (), {})):
+        with pytest.raises(TypeError, match="must be a frozen dataclass"):
+            settings_of(config_class)
+
+
+def test_a_float_key_refuses_an_int_too_large_for_a_float():
+    huge = r"lock_ttl_seconds = an integer of about 401 digits .*is out of range"
+    with pytest.raises(ConfigError, match=huge):
+        SPEC.resolve(None, {"lock_ttl_seconds": 10**400})
 
 
 @pytest.mark.parametrize(

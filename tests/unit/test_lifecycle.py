@@ -5,11 +5,12 @@ from __future__ import annotations
 import gc
 import json
 import logging
+from dataclasses import dataclass
 
 import pytest
 
 from include.pin_maintenance import cli
-from include.pin_maintenance.config import ConfigError, ConfigSpec, Setting
+from include.pin_maintenance.config import ConfigError, ConfigSpec, JobConfig, setting
 from include.pin_maintenance.db import SessionSettings, is_row_error
 from include.pin_maintenance.lifecycle import (
     CappedAlerts,
@@ -21,9 +22,15 @@ from include.pin_maintenance.lifecycle import (
 from include.pin_maintenance.stopping import JobCancelled
 from include.pin_maintenance.telemetry import Alert, JobLog, RecordingMetrics, Telemetry
 
+
+@dataclass(frozen=True, kw_only=True)
+class ToyConfig(JobConfig):
+    batch_size: int = setting(10, minimum=1)
+
+
 SPEC = JobSpec(
     job="toy_job",
-    config=ConfigSpec(job="toy_job", settings=(Setting("batch_size", 10, minimum=1),)),
+    config=ConfigSpec(job="toy_job", config_class=ToyConfig),
     metrics=JobMetrics(
         counters=("toy_items_total", "toy_errors_total"),
         duration="toy_run_duration_seconds",
@@ -144,8 +151,7 @@ def run_cli(body, *args: str) -> int:
 
 def test_cli_prints_the_result_and_exits_0(capsys):
     assert (
-        run_cli(lambda run: {"Items": run.config["batch_size"]}, "--config", '{"batch_size": 4}')
-        == 0
+        run_cli(lambda run: {"Items": run.config.batch_size}, "--config", '{"batch_size": 4}') == 0
     )
     assert json.loads(capsys.readouterr().out) == {"Items": 4}
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from include.pin_maintenance.pacing import (
@@ -18,6 +20,7 @@ from include.pin_maintenance.pacing import (
     shared_batch_size,
     wal_paid_until,
 )
+from include.pin_maintenance.pacing_config import PacingConfig
 
 
 def reading(at: float, wal: int, replay: int | None, replay_lag: float | None = None) -> Reading:
@@ -54,11 +57,11 @@ def test_a_replica_behind_since_before_the_first_sample_is_at_least_that_old():
 
 
 def test_limits_from_config_and_off():
-    off = {"max_replica_lag_seconds": 0, "max_wal_mb_per_second": 0}
+    off = PacingConfig(max_replica_lag_seconds=0, max_wal_mb_per_second=0)
     assert PacingLimits.from_config(off).off
-    limits = PacingLimits.from_config(off | {"max_replica_lag_seconds": 2})
+    limits = PacingLimits.from_config(dataclasses.replace(off, max_replica_lag_seconds=2))
     assert not limits.off and limits.max_replica_lag_seconds == 2.0
-    assert not PacingLimits.from_config(off | {"max_wal_mb_per_second": 8}).off
+    assert not PacingLimits.from_config(dataclasses.replace(off, max_wal_mb_per_second=8)).off
 
 
 MB = 1_000_000

@@ -351,7 +351,7 @@ def catalog_metrics() -> dict[str, dict]:
 def last_error_values() -> set[str]:
     """Every ``last_error`` the detach outcome rules write (produced by calling them)."""
     values: set[str] = set()
-    max_attempts = snapshot_detach.CONFIG.defaults["max_attempts"]
+    max_attempts = snapshot_detach.CONFIG.defaults.max_attempts
     outcomes = [CallOutcome(status_code=code) for code in range(100, 600)]
     outcomes += [CallOutcome(status_code=c, retry_after_seconds=120.0) for c in (429, 503)]
     # transport errors as the client reports them; ClientError:<class> is what the job records

@@ -28,7 +28,8 @@ from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetr
 def test_a_slot_cycle_takes_its_run_duration_plus_the_stop_grace():
     assert slots.STOP_GRACE_SECONDS == 35  # statement_timeout 30 s + 5 s
     assert slots.worst_case_run_seconds(slots.CONFIG.defaults) == 30 + 35
-    assert slots.worst_case_run_seconds({"max_run_duration_seconds": 3600}) == 3635
+    long_run = slots.CONFIG.resolve(None, {"max_run_duration_seconds": 3600})
+    assert slots.worst_case_run_seconds(long_run) == 3635
 
 
 def test_a_detach_run_takes_its_run_duration_plus_one_call_and_the_margin():
@@ -37,9 +38,9 @@ def test_a_detach_run_takes_its_run_duration_plus_one_call_and_the_margin():
 
 def test_a_retention_delete_task_takes_its_share_of_the_run_plus_the_stop_grace():
     assert retention.STOP_GRACE_SECONDS == 250  # 2 statements of 120 s + 2 cancels of 5 s
-    values = retention.CONFIG.defaults  # max_run_duration_seconds 1800
+    config = retention.CONFIG.defaults  # max_run_duration_seconds 1800
     by_table = {
-        t: retention.worst_case_step_seconds(values, t) for t in retention.STEP_DEADLINE_SHARE
+        t: retention.worst_case_step_seconds(config, t) for t in retention.STEP_DEADLINE_SHARE
     }
     assert by_table == {"action_events": 610, "property_object_views": 1150, "sessions": 2050}
 
@@ -87,7 +88,7 @@ def test_a_run_duration_the_timeout_cannot_hold_is_refused_naming_both(variable)
 def test_a_run_duration_that_fits_passes(variable):
     ctx = context({"expire_slots": 600}, "expire_slots", {"max_run_duration_seconds": 565})
     config = runtime.resolve_config(slots.CONFIG, ctx, slots.worst_case_run_seconds)
-    assert config["max_run_duration_seconds"] == 565
+    assert config.max_run_duration_seconds == 565
     ctx = context({"expire_slots": None}, "expire_slots", {"max_run_duration_seconds": 1e6})
     assert runtime.resolve_config(slots.CONFIG, ctx, slots.worst_case_run_seconds)
 
@@ -112,7 +113,7 @@ def test_prepare_checks_each_later_delete_task_by_its_share(variable):
         retention.CONFIG, context(timeouts, "prepare", {"max_run_duration_seconds": 1750}), rules
     )
     # 1750 + 250 s fits; prepare's own 600 s is not what the delete tasks need
-    assert ok["max_run_duration_seconds"] == 1750
+    assert ok.max_run_duration_seconds == 1750
     with pytest.raises(runtime.InvalidConfig) as refused:
         runtime.resolve_config(retention.CONFIG, context(timeouts, "prepare"), rules)
     assert str(refused.value) == (

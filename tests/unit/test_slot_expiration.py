@@ -6,6 +6,7 @@ The poison isolation itself is measured on a real Postgres
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import UTC, datetime
 
@@ -28,7 +29,7 @@ def test_config_defaults_match_the_contract():
     # batch_size and max_run_duration_seconds: docs/design.md, "Configuration"; runners and
     # max_batches_per_cycle are ours (README); 1 batch per cycle is seed 002's bound; the
     # pacing keys are shared with retention (docs/design.md, "Pacing")
-    assert se.CONFIG.resolve(None, None) == {
+    assert dataclasses.asdict(se.CONFIG.resolve(None, None)) == {
         "batch_size": 500,
         "max_batches_per_cycle": 1,
         "runners": 2,
@@ -82,7 +83,8 @@ def test_dry_run_param_is_not_a_config_key():
 )
 def test_a_run_takes_a_partial_config_with_the_defaults(config, expected):
     # what run() does with the config it is handed (the CLI's, a test's, the task's)
-    assert se.CONFIG.resolve(config, variable_source="config") == se.CONFIG.defaults | expected
+    resolved = se.CONFIG.resolve(config, variable_source="config")
+    assert resolved == dataclasses.replace(se.CONFIG.defaults, **expected)
 
 
 @pytest.mark.parametrize(

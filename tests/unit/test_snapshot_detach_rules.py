@@ -3,6 +3,7 @@ test_snapshot_detach_answers.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -37,7 +38,7 @@ def test_parse_retry_after_http_date():
 
 
 def test_config_defaults_match_design():
-    assert CONFIG.resolve(None, None) == {
+    assert dataclasses.asdict(CONFIG.resolve(None, None)) == {
         "batch_size": 100,
         "max_run_duration_seconds": 240,
         "max_attempts": 12,

@@ -94,6 +94,7 @@ from include.pin_maintenance.jobs.activity_retention_config import (
     JOB,
     STEP_DEADLINE_SHARE,
     STOP_GRACE_SECONDS,
+    RetentionConfig,
 )
 from include.pin_maintenance.jobs.activity_retention_plan import (
     _KEY_START,
@@ -151,21 +152,23 @@ __all__ = [
 def step_deadline(plan: RunPlan, table: str) -> datetime:
     """When ``table``'s step stops claiming batches (server clock): its share of the run."""
     share = STEP_DEADLINE_SHARE[table]
-    return plan.deadline_at - timedelta(seconds=(1.0 - share) * plan.max_run_duration_seconds)
+    return plan.deadline_at - timedelta(
+        seconds=(1.0 - share) * plan.config.max_run_duration_seconds
+    )
 
 
 def lock_lease_seconds(plan: RunPlan) -> float:
     """The advisory lock's lease: a step holds it at most its share of the run plus one batch
     in hand (<= 2 statements of statement_timeout) and the stop grace, all inside the margin."""
-    return plan.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
+    return plan.config.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
 
 
 def _runner_count(plan: RunPlan) -> int:
     """Loops worth starting: no more than the batches the backlog (at prepare) can fill."""
     if plan.dry_run:
         return 1  # counts only: one reader is enough
-    batches = max(1, -(-plan.eligible_backlog // plan.batch_size))
-    return max(1, min(plan.runners, batches, plan.max_batches_per_run))
+    batches = max(1, -(-plan.eligible_backlog // plan.config.batch_size))
+    return max(1, min(plan.config.runners, batches, plan.config.max_batches_per_run))
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,7 +177,7 @@ def _runner_count(plan: RunPlan) -> int:
 
 def prepare(
     connect: Connect,
-    config: dict[str, Any],
+    config: RetentionConfig,
     telemetry: Telemetry,
     *,
     dry_run: bool = False,
@@ -193,8 +196,8 @@ def prepare(
             cutoff, deadline_at = conn.execute(
                 sql.load("retention/plan_run"),
                 {
-                    "retention_period_days": int(config["retention_period_days"]),
-                    "max_run_duration_seconds": float(config["max_run_duration_seconds"]),
+                    "retention_period_days": config.retention_period_days,
+                    "max_run_duration_seconds": config.max_run_duration_seconds,
                 },
             ).fetchone()
             backlog = conn.execute(
@@ -207,24 +210,18 @@ def prepare(
             cutoff=cutoff,
             deadline_at=deadline_at,
             started_at_unix=wall_clock(),
-            retention_period_days=int(config["retention_period_days"]),
-            batch_size=int(config["batch_size"]),
-            max_batches_per_run=int(config["max_batches_per_run"]),
-            max_run_duration_seconds=float(config["max_run_duration_seconds"]),
             eligible_backlog=int(backlog),
+            config=config,
             dry_run=bool(dry_run),
-            runners=int(config["runners"]),
-            max_replica_lag_seconds=float(config.get("max_replica_lag_seconds", 0)),
-            max_wal_mb_per_second=float(config.get("max_wal_mb_per_second", 0)),
         )
         telemetry.metrics.gauge(M_ELIGIBLE_BACKLOG, plan.eligible_backlog)
         run.started(
             cutoff=plan.cutoff.isoformat(),
-            batch_size=plan.batch_size,
-            max_batches_per_run=plan.max_batches_per_run,
-            max_run_duration_seconds=plan.max_run_duration_seconds,
-            runners=plan.runners,
-            retention_period_days=plan.retention_period_days,
+            batch_size=config.batch_size,
+            max_batches_per_run=config.max_batches_per_run,
+            max_run_duration_seconds=config.max_run_duration_seconds,
+            runners=config.runners,
+            retention_period_days=config.retention_period_days,
             eligible_backlog=plan.eligible_backlog,
             dry_run=plan.dry_run,
         )
@@ -389,7 +386,7 @@ def _pacer(
     a dry run only reads and is not paced. The child steps' batches are sized while others use
     the database; the sessions step's stay whole: a session batch is the seed's unit
     (``BatchesProcessed``), and its statements write little WAL."""
-    limits = PacingLimits(plan.max_replica_lag_seconds, plan.max_wal_mb_per_second)
+    limits = PacingLimits.from_config(plan.config)
     if plan.dry_run or limits.off:
         return None
     pacer = Pacer(
@@ -397,7 +394,7 @@ def _pacer(
         run.telemetry,
         paced_metric_prefix=M_PACED_PREFIX,
         deadline_remaining=deadline.remaining,
-        batch_size=None if table == "sessions" else plan.batch_size,
+        batch_size=None if table == "sessions" else plan.config.batch_size,
     )
     pacer.connections = list(conns)
     return pacer
@@ -474,7 +471,7 @@ def _complete(
 
 def run(
     connect: Connect,
-    config: dict[str, Any],
+    config: RetentionConfig,
     telemetry: Telemetry,
     stop: StopSignal,
     *,

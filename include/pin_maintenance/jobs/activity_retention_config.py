@@ -7,11 +7,10 @@ rules themselves (no database driver, no HTTP client).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
-from include.pin_maintenance.config import ConfigSpec, Setting
-from include.pin_maintenance.pacing_config import PACING_SETTINGS
+from include.pin_maintenance.config import ConfigSpec, setting
+from include.pin_maintenance.pacing_config import PacingConfig
 
 JOB = "user_activity_retention"
 
@@ -43,65 +42,61 @@ CANCEL_TIMEOUT_SECONDS = 5.0
 STOP_GRACE_SECONDS = 2 * STATEMENT_TIMEOUT_SECONDS + 2 * CANCEL_TIMEOUT_SECONDS
 
 
-def worst_case_step_seconds(values: Mapping[str, Any], table: str) -> float:
-    """How long the delete task of ``table`` may take at most with ``values``: the run's
+@dataclass(frozen=True, kw_only=True)
+class RetentionConfig(PacingConfig):
+    """The job's resolved config (:data:`CONFIG`); the pacing keys come after these."""
+
+    retention_period_days: int = setting(
+        365,
+        minimum=1,
+        help="Inactive sessions whose ended_at is older than this many days are deleted.",
+    )
+    batch_size: int = setting(
+        5000,
+        minimum=1,
+        maximum=50_000,
+        help="Sessions per batch (one transaction per batch and table).",
+    )
+    runners: int = setting(
+        3,
+        minimum=1,
+        maximum=8,
+        help=(
+            "Independent batch loops per delete task, one connection each: each claims "
+            "the next batch (FOR UPDATE SKIP LOCKED), deletes and commits it on its own; "
+            "1 = one loop. A task holds up to 1 + runners server connections at once."
+        ),
+    )
+    max_batches_per_run: int = setting(
+        200,
+        minimum=1,
+        help=(
+            "Upper bound of session batches per run: each delete task claims at most this "
+            "many batches of batch_size sessions' worth (a smaller batch while others use the "
+            "database counts by its share), all its loops together; the rest waits for the "
+            "next run."
+        ),
+    )
+    max_run_duration_seconds: float = setting(
+        1800,
+        minimum=0,
+        exclusive_minimum=True,
+        help=(
+            "Time budget of the whole run, split between the delete tasks (20 / 50 / 100 % "
+            "of the window), checked between batches."
+        ),
+    )
+
+
+def worst_case_step_seconds(config: RetentionConfig, table: str) -> float:
+    """How long the delete task of ``table`` may take at most with ``config``: the run's
     window starts at prepare, before the task, and the task claims batches until its share of
     it (:data:`STEP_DEADLINE_SHARE`); its loops then stop within :data:`STOP_GRACE_SECONDS`."""
-    return STEP_DEADLINE_SHARE[table] * float(values["max_run_duration_seconds"]) + (
-        STOP_GRACE_SECONDS
-    )
+    return STEP_DEADLINE_SHARE[table] * config.max_run_duration_seconds + STOP_GRACE_SECONDS
 
 
 CONFIG = ConfigSpec(
     job=JOB,
-    settings=(
-        Setting(
-            "retention_period_days",
-            365,
-            minimum=1,
-            help="Inactive sessions whose ended_at is older than this many days are deleted.",
-        ),
-        Setting(
-            "batch_size",
-            5000,
-            minimum=1,
-            maximum=50_000,
-            help="Sessions per batch (one transaction per batch and table).",
-        ),
-        Setting(
-            "runners",
-            3,
-            minimum=1,
-            maximum=8,
-            help=(
-                "Independent batch loops per delete task, one connection each: each claims "
-                "the next batch (FOR UPDATE SKIP LOCKED), deletes and commits it on its own; "
-                "1 = one loop. A task holds up to 1 + runners server connections at once."
-            ),
-        ),
-        Setting(
-            "max_batches_per_run",
-            200,
-            minimum=1,
-            help=(
-                "Upper bound of session batches per run: each delete task claims at most this "
-                "many batches of batch_size sessions' worth (a smaller batch while others use the "
-                "database counts by its share), all its loops together; the rest waits for the "
-                "next run."
-            ),
-        ),
-        Setting(
-            "max_run_duration_seconds",
-            1800,
-            kind=float,
-            minimum=0,
-            exclusive_minimum=True,
-            help=(
-                "Time budget of the whole run, split between the delete tasks (20 / 50 / 100 % "
-                "of the window), checked between batches."
-            ),
-        ),
-        *PACING_SETTINGS,
-    ),
+    config_class=RetentionConfig,
     extra_params=frozenset({"dry_run"}),
 )

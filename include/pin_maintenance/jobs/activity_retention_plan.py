@@ -17,6 +17,7 @@ from include.pin_maintenance.jobs.activity_retention_config import (
     CONFIG,
     JOB,
     STATEMENT_TIMEOUT_SECONDS,
+    RetentionConfig,
 )
 from include.pin_maintenance.lifecycle import JobMetrics, JobSpec
 from include.pin_maintenance.pacing import paced_metrics
@@ -80,35 +81,35 @@ _KEY_END = (datetime(9999, 12, 31, tzinfo=UTC), uuid.UUID(int=(1 << 128) - 1))
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What every task of one run acts on: the same cutoff, deadline and bounds (an XCom)."""
+    """What every task of one run acts on: the same cutoff, deadline and config (an XCom)."""
 
     cutoff: datetime
     deadline_at: datetime
     started_at_unix: float
-    retention_period_days: int
-    batch_size: int
-    max_batches_per_run: int
-    max_run_duration_seconds: float
     eligible_backlog: int
+    config: RetentionConfig  # as prepare resolved it: every task of the run uses the same
     dry_run: bool = False
-    runners: int = 1  # batch loops per delete task (an XCom from before the key meant one)
-    # pacing (docs/design.md, "Pacing"); a plan from before the keys existed gets their defaults
-    max_replica_lag_seconds: float = 2.0
-    max_wal_mb_per_second: float = 4.0
 
     def to_xcom(self) -> dict[str, Any]:
-        data = asdict(self)
+        """One flat JSON object: the config keys beside the plan's own."""
+        data = {**asdict(self.config), **asdict(self)}
+        del data["config"]
         data["cutoff"] = self.cutoff.isoformat()
         data["deadline_at"] = self.deadline_at.isoformat()
         return data
 
     @classmethod
     def from_xcom(cls, data: dict[str, Any]) -> RunPlan:
+        """The plan :meth:`to_xcom` wrote. A config key missing from it (a plan from before
+        the key existed) gets its default, except ``runners``: there one loop was the run."""
+        keys = {s.name for s in CONFIG.settings}
+        config = {key: data[key] for key in keys & data.keys()}
         # a plan written by another version of the code may hold keys this one no longer has
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        config.setdefault("runners", 1)
         values["cutoff"] = datetime.fromisoformat(values["cutoff"])
         values["deadline_at"] = datetime.fromisoformat(values["deadline_at"])
-        return cls(**values)
+        return cls(config=RetentionConfig(**config), **values)
 
 
 @dataclass(frozen=True)

@@ -136,7 +136,7 @@ class KeysetWalk:
             [_LaneBatch(self, conn, parent) for conn in conns],
             stop=self.stop,
             deadline=self.deadline,
-            budget=BatchBudget(self.plan.max_batches_per_run, self.plan.batch_size),
+            budget=BatchBudget(self.plan.config.max_batches_per_run, self.plan.config.batch_size),
             grace_seconds=STOP_GRACE_SECONDS,
             pacing=pacer,
         )
@@ -347,7 +347,7 @@ class _LaneBatch:
                 functools.partial(self._conn.cancel_safe, timeout=CANCEL_TIMEOUT_SECONDS)
             )
         try:
-            return self._walk.batch(lane, self._conn, size or self._walk.plan.batch_size)
+            return self._walk.batch(lane, self._conn, size or self._walk.plan.config.batch_size)
         except BaseException:
             _end_interrupted(self._conn)
             raise

@@ -65,6 +65,7 @@ from include.pin_maintenance.jobs.slot_expiration_config import (
     JOB,
     STATEMENT_TIMEOUT_SECONDS,
     STOP_GRACE_SECONDS,
+    SlotConfig,
 )
 from include.pin_maintenance.lifecycle import (
     MAX_ROW_ALERTS_PER_RUN,
@@ -159,7 +160,7 @@ class ExpirationResult:
 
 def run(
     connect: Connect,
-    config: Mapping[str, Any],
+    config: SlotConfig | Mapping[str, Any],
     telemetry: Telemetry,
     stop: StopSignal,
     *,
@@ -169,21 +170,23 @@ def run(
 ) -> ExpirationResult:
     """Run one expiration cycle; return the seed's result.
 
+    ``config`` is ``CONFIG.resolve(...)``, or a mapping of keys that this resolves (a partial
+    one gets the defaults, a test's or a caller's: an unchecked value never runs).
     ``now`` is the wall clock (AsOf, backlog), ``clock`` the monotonic clock of the duration
     bound. Raises :class:`ConfigError` before touching the database when ``config`` is invalid,
     :class:`JobCancelled` after a clean stop between batches, and the database error after
     rolling back the batch in hand when the database fails.
     """
-    # a partial config (the CLI's, a test's) gets the defaults; an unchecked value never runs
-    values = CONFIG.resolve(config, variable_source="config")
+    if not isinstance(config, SlotConfig):
+        config = CONFIG.resolve(config, variable_source="config")
     with job_run(SPEC, telemetry) as job:
         started = clock()
-        cycle = CycleState(as_of=now(), batch_size=int(values["batch_size"]))
+        cycle = CycleState(as_of=now(), batch_size=config.batch_size)
         job.started(
             as_of=cycle.as_of.isoformat(),
             batch_size=cycle.batch_size,
-            runners=values["runners"],
-            max_run_duration_seconds=values["max_run_duration_seconds"],
+            runners=config.runners,
+            max_run_duration_seconds=config.max_run_duration_seconds,
             dry_run=dry_run,
         )
         try:
@@ -196,10 +199,10 @@ def run(
                     cycle,
                     telemetry,
                     stop,
-                    deadline=Deadline(float(values["max_run_duration_seconds"]), clock=clock),
-                    runners=int(values["runners"]),
-                    max_batches=int(values["max_batches_per_cycle"]),
-                    pacing=PacingLimits.from_config(values),
+                    deadline=Deadline(config.max_run_duration_seconds, clock=clock),
+                    runners=config.runners,
+                    max_batches=config.max_batches_per_cycle,
+                    pacing=PacingLimits.from_config(config),
                 )
                 result = _expire(conn, loops, started=started, clock=clock, now=now)
         except BaseException as exc:  # the batch in hand rolled back; job_run logs job_failed

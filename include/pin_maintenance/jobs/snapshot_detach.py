@@ -63,7 +63,6 @@ from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import psycopg
 from opentelemetry import trace
@@ -77,6 +76,7 @@ from include.pin_maintenance.jobs.snapshot_detach_client import DetachClient
 from include.pin_maintenance.jobs.snapshot_detach_config import (
     CONFIG,
     JOB,
+    DetachConfig,
     worst_case_run_seconds,
 )
 from include.pin_maintenance.jobs.snapshot_detach_outcomes import (
@@ -143,7 +143,7 @@ def utc_now() -> datetime:
 
 def run(
     connect: Connect,
-    config: dict[str, Any],
+    config: DetachConfig,
     telemetry: Telemetry,
     stop: StopSignal,
     client: DetachClient | None,
@@ -184,7 +184,7 @@ class _Run:
         self,
         *,
         connect: Connect,
-        config: dict[str, Any],
+        config: DetachConfig,
         telemetry: Telemetry,
         stop: StopSignal,
         client: DetachClient | None,
@@ -206,7 +206,7 @@ class _Run:
         self.rng = rng
         self.monotonic = monotonic
         self.backoff = Backoff(
-            config["backoff_base_seconds"], config["backoff_factor"], config["backoff_cap_seconds"]
+            config.backoff_base_seconds, config.backoff_factor, config.backoff_cap_seconds
         )
         self.workers: CallWorkers | None = None  # made when the pipeline starts
         self.deadline = Deadline(worst_case_run_seconds(config), clock=monotonic)  # reset per run
@@ -223,17 +223,17 @@ class _Run:
         self.result.dry_run = dry_run
         lifecycle.started(
             dry_run=dry_run,
-            batch_size=self.config["batch_size"],
-            detach_concurrency_min=self.config["detach_concurrency_min"],
-            detach_concurrency=self.config["detach_concurrency"],
-            breaker_failure_threshold=self.config["breaker_failure_threshold"],
+            batch_size=self.config.batch_size,
+            detach_concurrency_min=self.config.detach_concurrency_min,
+            detach_concurrency=self.config.detach_concurrency,
+            breaker_failure_threshold=self.config.breaker_failure_threshold,
         )
         privileges.require(self.connect, JOB, lifecycle.telemetry)  # before the lock, any write
         if dry_run:
             self.result.due = count_due_entries(self.connect, self.now())
             self.log.info("dry_run", due=self.result.due, calls=0, writes=0)
             return self._finish(started, success=True)
-        lease = self.config["lock_ttl_seconds"]
+        lease = self.config.lock_ttl_seconds
         with advisory_lock(self.connect, self.lock_name, lease) as held:
             if not held:
                 self.result.lock_acquired = False
@@ -268,8 +268,7 @@ class _Run:
         conn.autocommit = True  # every unit of work is an explicit, short transaction
         require_server_connections([conn], job=JOB, held=1)  # + the lock: pool size 2
         self.deadline = Deadline(
-            float(self.config["max_run_duration_seconds"])
-            + float(self.config["detach_call_timeout_seconds"]),
+            self.config.max_run_duration_seconds + self.config.detach_call_timeout_seconds,
             clock=self.monotonic,
         )
         workers = self.workers = CallWorkers(
@@ -311,7 +310,7 @@ class _Run:
                 batches += 1
                 if batch.rows:
                     unsettled.append(batch)
-                if len(batch.rows) < int(self.config["batch_size"]):
+                if len(batch.rows) < self.config.batch_size:
                     stop_reason = StopReason.DRAINED
                 continue
             if not unsettled:
@@ -345,7 +344,7 @@ class _Run:
     def _pipeline_full(self, unsettled: deque[_Batch]) -> bool:
         """No room for another batch's rows within the pipeline's depth."""
         rows = sum(len(b.rows) for b in unsettled)
-        return rows > (MAX_UNSETTLED_BATCHES - 1) * int(self.config["batch_size"])
+        return rows > (MAX_UNSETTLED_BATCHES - 1) * self.config.batch_size
 
     def _claim_batch(
         self, conn: psycopg.Connection, index: int, unsettled: deque[_Batch]
@@ -356,7 +355,7 @@ class _Run:
             rows = claim_due_entries(
                 conn,
                 now=self.now(),
-                batch_size=int(self.config["batch_size"]),
+                batch_size=self.config.batch_size,
                 in_flight=in_flight,
                 backoff=self.backoff,
                 rng=self.rng,

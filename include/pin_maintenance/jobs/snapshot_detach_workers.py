@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind
@@ -25,6 +24,7 @@ from include.pin_maintenance.jobs.snapshot_detach_answers import (
     decide,
 )
 from include.pin_maintenance.jobs.snapshot_detach_client import DETACH_PATH, DetachClient
+from include.pin_maintenance.jobs.snapshot_detach_config import DetachConfig
 from include.pin_maintenance.jobs.snapshot_detach_gate import Breaker, CallGate
 from include.pin_maintenance.jobs.snapshot_detach_outcomes import (
     KNOWN_REASONS,
@@ -46,7 +46,7 @@ class CallWorkers:
 
     def __init__(
         self,
-        config: dict[str, Any],
+        config: DetachConfig,
         *,
         client: DetachClient | None,
         deadline: Deadline,
@@ -65,20 +65,20 @@ class CallWorkers:
         self.alerts = alerts
         self.result = result
         self.outcomes = outcomes
-        self.call_seconds = float(config["detach_call_timeout_seconds"])
+        self.call_seconds = config.detach_call_timeout_seconds
         self._aborted = False  # the run's main thread failed: no new call starts
         self.gate = CallGate(
-            int(config["detach_concurrency_min"]),
-            int(config["detach_concurrency"]),
-            int(config["breaker_failure_threshold"]),
+            config.detach_concurrency_min,
+            config.detach_concurrency,
+            config.breaker_failure_threshold,
             deadline=deadline,
             call_seconds=self.call_seconds,
             stopped=lambda: stopped() or self._aborted,
             on_open=self._log_outage_breaker_open,
-            misroute_limit=int(config["misroute_quarantine_limit"]),
+            misroute_limit=config.misroute_quarantine_limit,
         )
         self._pool = ThreadPoolExecutor(
-            max_workers=int(config["detach_concurrency"]), thread_name_prefix="detach"
+            max_workers=config.detach_concurrency, thread_name_prefix="detach"
         )
         self._count_lock = threading.Lock()
         self._submitted = 0  # calls queued on the workers
@@ -133,7 +133,7 @@ class CallWorkers:
         return decide(
             answer,
             row.attempts,
-            self.config["max_attempts"],
+            self.config.max_attempts,
             outage=answer is not None and self.gate.outage_row(row.id),
             misrouted=answer is not None and self.gate.misroute_row(row.id),
         )
@@ -183,7 +183,7 @@ class CallWorkers:
         ) as span:
             answer = answer_of(self._detach(row))  # the one place a call's outcome is read
             if span.is_recording():
-                decision = decide(answer, row.attempts, self.config["max_attempts"])
+                decision = decide(answer, row.attempts, self.config.max_attempts)
                 span.set_attribute("pin.outcome", decision.verdict.value)
                 if answer.status_code is not None:
                     span.set_attribute("http.response.status_code", answer.status_code)
@@ -281,7 +281,7 @@ class CallWorkers:
 
     def _alert_misrouted(self) -> None:
         r = self.result
-        limit = int(self.config["misroute_quarantine_limit"])
+        limit = self.config.misroute_quarantine_limit
         quarantined_404 = self.gate.quarantined_404s
         self.log.error(
             MISROUTE_ALERT,

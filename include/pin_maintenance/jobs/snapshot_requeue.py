@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from include.pin_maintenance import privileges, sql
-from include.pin_maintenance.config import ConfigError, ConfigSpec, brief
+from include.pin_maintenance.config import ConfigError, ConfigSpec, JobConfig, brief
 from include.pin_maintenance.db import Connect
 from include.pin_maintenance.lifecycle import JobMetrics, JobSpec, job_run
 from include.pin_maintenance.telemetry import Telemetry
@@ -28,10 +28,18 @@ from include.pin_maintenance.telemetry import Telemetry
 JOB = "news_snapshot_detach_requeue"
 REPORT_LIMIT = 100  # ids listed in the report; the count is always exact
 MAX_SNAPSHOT_IDS = 10_000
-# A runbook action: no config keys (its params are the choice) and no metrics of its own.
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequeueConfig(JobConfig):
+    """A runbook action has no config keys: its params are the choice (:class:`RequeueChoice`).
+
+    It has no metrics of its own either (:data:`SPEC`)."""
+
+
 SPEC = JobSpec(
     job=JOB,
-    config=ConfigSpec(job=JOB, settings=()),
+    config=ConfigSpec(job=JOB, config_class=RequeueConfig),
     metrics=JobMetrics(counters=(), duration=None, last_success=None),
 )
 

@@ -7,19 +7,24 @@ Never deployed: it lives in ``tests/e2e/dags`` and is loaded only by the e2e Air
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from airflow.sdk import dag, task
 
 from include.pin_airflow.dag_support import START_DATE, config_params, dry_run_param
-from include.pin_maintenance.config import ConfigSpec, Setting
+from include.pin_maintenance.config import ConfigSpec, JobConfig, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class E2eConfig(JobConfig):
+    batch_size: int = setting(100, minimum=1, maximum=10000, help="Rows per batch.")
+    max_run_duration_seconds: float = setting(240, minimum=0, exclusive_minimum=True)
+
 
 SPEC = ConfigSpec(
     job="e2e_params",
-    settings=(
-        Setting("batch_size", 100, minimum=1, maximum=10000, help="Rows per batch."),
-        Setting("max_run_duration_seconds", 240, kind=float, minimum=0, exclusive_minimum=True),
-    ),
+    config_class=E2eConfig,
     extra_params=frozenset({"dry_run"}),
 )
 
