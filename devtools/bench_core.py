@@ -257,7 +257,7 @@ def _job_args(job: str, spec: dict) -> tuple[list, Callable[[], None]]:
     """Positional arguments a job's ``run`` takes after (connect, config, telemetry, stop),
     built as its DAG task builds them, and what to close afterwards."""
     if job == "detach":
-        from include.pin_maintenance.jobs.snapshot_detach_client import (
+        from include.pin_maintenance.jobs.snapshot_detach_http import (
             HttpDetachClient,
             basic_auth_session,
         )

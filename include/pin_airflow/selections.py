@@ -23,7 +23,7 @@ import copy
 
 import requests
 
-from include.pin_maintenance.jobs.snapshot_detach_client import (
+from include.pin_maintenance.jobs.snapshot_detach_http import (
     HttpDetachClient,
     mount_single_connection_adapter,
 )

@@ -15,7 +15,6 @@ phase name; only the last phase completes the run.
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -105,55 +104,6 @@ class CappedAlerts:
         """Send ``summary(sent, suppressed)`` once when any alert was suppressed."""
         if self.suppressed:
             self._sink.send(summary(self.sent, self.suppressed))
-
-
-class BackgroundAlerts:
-    """Alert delivery on its own thread, so a slow webhook never stretches a run.
-
-    ``send`` queues and returns at once; :meth:`flush` waits for the queue at most ``seconds``
-    and returns how many alerts were not delivered by then (they stay queued on the daemon
-    thread, which keeps trying while the process lives).
-    """
-
-    def __init__(self, sink: AlertSink, telemetry: Telemetry) -> None:
-        self._sink = sink
-        self._log = telemetry.log
-        self._queue: queue.Queue[Alert] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._idle = threading.Condition(self._lock)
-        self._unfinished = 0
-
-    def send(self, alert: Alert) -> None:
-        with self._lock:
-            self._unfinished += 1
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._deliver, name="pin-alerts", daemon=True
-                )
-                self._thread.start()
-        self._queue.put(alert)
-
-    def _deliver(self) -> None:
-        while True:
-            alert = self._queue.get()
-            try:
-                self._sink.send(alert)
-            except Exception as exc:  # a sink failure must not lose the alerts behind it
-                self._log.error("alert_failed", alert=alert.name, error=type(exc).__name__)
-            with self._lock:
-                self._unfinished -= 1
-                self._idle.notify_all()
-
-    def flush(self, seconds: float) -> int:
-        until = time.monotonic() + max(0.0, seconds)
-        with self._lock:
-            while self._unfinished:
-                left = until - time.monotonic()
-                if left <= 0:
-                    break
-                self._idle.wait(left)
-            return self._unfinished
 
 
 class JobRun:

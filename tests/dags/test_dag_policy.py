@@ -194,7 +194,7 @@ def _result_keys() -> dict[str, set[str]]:
 
     from include.pin_maintenance.jobs.activity_retention_plan import RetentionResult
     from include.pin_maintenance.jobs.slot_expiration import ExpirationResult
-    from include.pin_maintenance.jobs.snapshot_detach_outcomes import DetachResult
+    from include.pin_maintenance.jobs.snapshot_detach import DetachResult
     from include.pin_maintenance.jobs.snapshot_requeue import RequeueResult
 
     def keys(result) -> set[str]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from devtools.selections_service import SelectionsService
+from include.pin_maintenance.jobs.snapshot_detach import MISROUTE_ALERT
 from include.pin_maintenance.jobs.snapshot_detach_config import RUN_MARGIN_SECONDS
-from include.pin_maintenance.jobs.snapshot_detach_workers import MISROUTE_ALERT
 from tests.integration.snapshot_detach_fixtures import insert_entries, rows
 
 pytestmark = pytest.mark.dags

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from devtools.selections_service import DEFAULT_LOGIN, DEFAULT_PASSWORD, SelectionsService
-from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome
 
 pytestmark = pytest.mark.dags
 

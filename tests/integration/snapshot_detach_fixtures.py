@@ -11,7 +11,7 @@ from typing import Any
 from devtools.pg import Database
 from devtools.selections_service import DEFAULT_LOGIN, DEFAULT_PASSWORD, SelectionsService
 from include.pin_maintenance.jobs import snapshot_detach
-from include.pin_maintenance.jobs.snapshot_detach_client import (
+from include.pin_maintenance.jobs.snapshot_detach_http import (
     HttpDetachClient,
     basic_auth_session,
 )

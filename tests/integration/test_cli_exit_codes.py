@@ -87,7 +87,7 @@ def test_slot_cli_exits_2_on_a_bad_config_before_connecting() -> None:
 
 def test_detach_cli_exits_2_on_a_bad_config_naming_key_value_and_source() -> None:
     done = cli(
-        "include.pin_maintenance.jobs.snapshot_detach_cli",
+        "include.pin_maintenance.jobs.snapshot_detach",
         "--db-url",
         _closed_port_url(),
         "--selections-url",
@@ -177,7 +177,7 @@ SECRET = "pw-on-argv-7d2e"
     ids=["userinfo", "query", "keyword"],
 )
 def test_a_password_in_db_url_is_refused_before_connecting(module: str, url: str) -> None:
-    args = ["--selections-url", "http://127.0.0.1:1"] if module.endswith("_cli") else []
+    args = ["--selections-url", "http://127.0.0.1:1"] if module.endswith("snapshot_detach") else []
     done = cli(module, "--db-url", url, *args)
     assert done.returncode == 2, done.stderr
     assert "--db-url must not carry a password" in done.stderr

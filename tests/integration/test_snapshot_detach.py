@@ -21,7 +21,7 @@ from devtools.selections_service import SelectionsService
 from include.pin_maintenance.db import lock_key
 from include.pin_maintenance.jobs import snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach import LOCK_NAME, Metric
-from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome
 from include.pin_maintenance.stopping import JobCancelled, StopSignal
 from tests.integration.snapshot_detach_fixtures import (
     config,

@@ -13,8 +13,8 @@ import pytest
 
 from devtools.selections_service import SelectionsService
 from include.pin_maintenance.jobs import snapshot_detach
+from include.pin_maintenance.jobs.snapshot_detach import MISROUTE_ALERT
 from include.pin_maintenance.jobs.snapshot_detach_config import RUN_MARGIN_SECONDS
-from include.pin_maintenance.jobs.snapshot_detach_workers import MISROUTE_ALERT
 from include.pin_maintenance.lifecycle import MAX_ROW_ALERTS_PER_RUN
 from include.pin_maintenance.telemetry import Alert, JobLog, RecordingMetrics, Telemetry
 from tests.integration.snapshot_detach_fixtures import (

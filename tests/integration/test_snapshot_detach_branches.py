@@ -20,7 +20,7 @@ import pytest
 from devtools.selections_service import SelectionsService
 from include.pin_maintenance.jobs import snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach import Metric
-from include.pin_maintenance.jobs.snapshot_detach_client import CallOutcome
+from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome
 from include.pin_maintenance.stopping import StopSignal
 from tests.integration.snapshot_detach_fixtures import (
     config,

@@ -47,7 +47,7 @@ def _start_worker(db: Database, svc_url: str, cfg: dict) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "include.pin_maintenance.jobs.snapshot_detach_cli",
+            "include.pin_maintenance.jobs.snapshot_detach",
             "--db-url",
             url,
             "--selections-url",

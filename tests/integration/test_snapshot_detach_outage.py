@@ -16,7 +16,7 @@ import pytest
 from devtools.selections_service import SelectionsService
 from include.pin_maintenance.jobs import snapshot_detach
 from include.pin_maintenance.jobs.snapshot_detach import Metric
-from include.pin_maintenance.jobs.snapshot_detach_client import (
+from include.pin_maintenance.jobs.snapshot_detach_http import (
     HttpDetachClient,
     basic_auth_session,
 )

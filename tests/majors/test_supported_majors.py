@@ -120,7 +120,7 @@ JOB_CLIS = {
     "news_db": (
         "news_snapshot_detach_retry",
         [
-            "include.pin_maintenance.jobs.snapshot_detach_cli",
+            "include.pin_maintenance.jobs.snapshot_detach",
             "--selections-url",
             "http://127.0.0.1:9/x",
         ],

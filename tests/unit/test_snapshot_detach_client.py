@@ -11,11 +11,8 @@ import pytest
 import requests
 
 from devtools.selections_service import DEFAULT_LOGIN, DEFAULT_PASSWORD, SelectionsService
-from include.pin_maintenance.jobs.snapshot_detach_client import (
-    CallOutcome,
-    HttpDetachClient,
-    basic_auth_session,
-)
+from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome
+from include.pin_maintenance.jobs.snapshot_detach_http import HttpDetachClient, basic_auth_session
 
 REPO = Path(__file__).resolve().parents[2]
 

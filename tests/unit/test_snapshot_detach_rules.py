@@ -11,7 +11,7 @@ import pytest
 
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs.snapshot_detach import CONFIG
-from include.pin_maintenance.jobs.snapshot_detach_client import parse_retry_after
+from include.pin_maintenance.jobs.snapshot_detach_http import parse_retry_after
 from include.pin_maintenance.jobs.snapshot_requeue import RequeueRequestError, parse_choice
 
 
@@ -177,7 +177,7 @@ def test_requeue_refuses_a_huge_choice_in_one_short_line(ids, all_q, says):
 def test_pg_array_literals():
     from datetime import UTC, datetime
 
-    from include.pin_maintenance.jobs.snapshot_detach_outcomes import pg_array
+    from include.pin_maintenance.jobs.snapshot_detach import pg_array
 
     when = datetime(2026, 12, 1, 22, 6, 12, 123456, tzinfo=UTC)
     assert pg_array([]) == "{}"

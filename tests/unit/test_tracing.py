@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from devtools.selections_service import DEFAULT_LOGIN, DEFAULT_PASSWORD, SelectionsService
-from include.pin_maintenance.jobs.snapshot_detach_client import (
+from include.pin_maintenance.jobs.snapshot_detach_http import (
     HttpDetachClient,
     basic_auth_session,
 )

@@ -1,114 +1,115 @@
 """SnapshotDetachRetryJob (seed 000): retry the selections detach for the news action-outbox.
 
-One run, under the single-runner advisory lock ``Pin:lock:job:scheduled:news-snapshot-detach-retry``
-(busy = skip, success):
+One run, under the single-runner advisory lock :data:`LOCK_NAME` (busy = skip, success):
 
-1. **Claim** (one short transaction, committed): up to ``batch_size`` rows with
-   ``status = 'Pending' and next_attempt_at <= now``, oldest due first, ``FOR UPDATE SKIP
-   LOCKED``; ``attempts += 1``, ``next_attempt_at = now + backoff(attempts)`` (pure function in
-   ``pin_maintenance.backoff``), ``updated_at = now`` (the claim token).
-2. **Detach**: ``POST /internal/snapshots/{snapshot_id}/detach`` per row, outside any
-   transaction, the outbox id as ``Idempotency-Key``. How many calls are in flight adapts
-   between ``detach_concurrency_min`` and ``detach_concurrency`` (``snapshot_detach_gate``:
-   follow the service's knee by the mean latency of each window of answers, halve on
-   429/502/503/504/timeouts/connection errors/stalled calls, pause for a ``Retry-After``);
-   ``breaker_failure_threshold`` consecutive failed calls open the outage circuit breaker,
-   a 401/403 or a misrouting stops calling too (``snapshot_detach_gate``).
-3. **Outcome** (one short transaction per batch, or per part of a batch that a slow call holds
-   back, guarded per row by the claim token): what each answer means is the answer table in
-   ``snapshot_detach_answers``; ``snapshot_detach_outcomes`` writes it and counts, logs and
-   alerts it.
+1. **Claim** (one short transaction per batch): up to ``batch_size`` due ``Pending`` rows,
+   oldest due first, ``FOR UPDATE SKIP LOCKED``; ``attempts += 1``, the next backoff set,
+   ``updated_at = now`` (the claim token).
+2. **Detach**: ``POST /internal/snapshots/{snapshot_id}/detach`` per row on the call pool,
+   outside any transaction, the outbox id as ``Idempotency-Key``, through the gate
+   (``snapshot_detach_gate``: the adaptive limit, Retry-After pauses, the breakers).
+3. **Outcome** (one short transaction per batch, each row guarded by its claim token): what
+   each answer means is the answer table (``snapshot_detach_answers``).
 
-The modules: ``snapshot_detach_answers`` (pure: the answer table, verdicts),
-``snapshot_detach_gate`` (the gate every call passes: limit, pause, deadline, breakers),
-``snapshot_detach_workers`` (the calls on worker threads), ``snapshot_detach_outcomes``
-(claiming, outcome plans and recording a batch, the result), ``snapshot_detach_client`` (the
-HTTP call), ``snapshot_detach_config`` (the keys), this one (the run: its lifecycle and the
-batch pipeline), ``snapshot_detach_cli`` (its command line).
-
-Metrics (names are the contract): ``succeeded_total`` / ``retried_total`` /
-``quarantined_total`` count rows by outcome; ``failed_total`` counts calls that were made and
-did not succeed (any non-2xx or transport error, incl. 401/403); ``lag_seconds`` is one timing
-per Done row (``now - created_at``); the ``pending`` / ``oldest_age_seconds`` gauges are
-measured at the end of every run that held the lock (and of a dry run);
-``last_success_timestamp_seconds`` is set at the end of every run that ended normally (incl.
-no-op and lock-skip runs) but not after a cancellation or an auth failure, so the "no
-successful run for 15 min" rule also catches broken credentials.
-
-``breaker_open_total`` counts runs whose outage breaker opened; ``concurrency_limit`` is the
-adaptive limit at the end of a run.
-
-Run bound (docs/design/detach.md): a run ends within ``max_run_duration_seconds +
-detach_call_timeout_seconds + RUN_MARGIN_SECONDS`` (5 s). The run's one
-:class:`~include.pin_maintenance.parallel.Deadline` ends ``RUN_MARGIN_SECONDS`` before that:
-no batch is claimed and no call started once it no longer allows a whole call, every wait
-takes its timeout from it, and claimed rows not called are given back. Alerts go out on their
-own thread (:class:`~include.pin_maintenance.lifecycle.BackgroundAlerts`), flushed within the
-margin.
-
-Cancellation (stop signal) is honoured between rows: calls not yet started are given back,
-the batch's outcome transaction commits, then ``JobCancelled`` is raised. A worker
-exception on one row is logged and recorded as a transient error of that row. When the batch
-outcome transaction fails, each row is retried in its own transaction so one bad row cannot
-lose the others' outcomes.
+The run ends within ``max_run_duration_seconds + detach_call_timeout_seconds +
+RUN_MARGIN_SECONDS``: every wait takes its timeout from the run's one
+:class:`~include.pin_maintenance.parallel.Deadline`, and claimed rows not called get their
+attempt back (docs/design/detach.md, also for the alerts, sent on the call pool). A stop
+signal gives back the calls not started, records the batch, then raises ``JobCancelled``.
+Metrics and events: docs/design.md, "Metrics".
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import random
+import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
-from concurrent.futures import Future
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
-from include.pin_maintenance import privileges
+from include.pin_maintenance import cli, privileges, sql
 from include.pin_maintenance.backoff import Backoff
-from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
-from include.pin_maintenance.jobs.snapshot_detach_answers import Decision, Verdict
-from include.pin_maintenance.jobs.snapshot_detach_client import DetachClient
+from include.pin_maintenance.db import (
+    Connect,
+    SessionSettings,
+    advisory_lock,
+    require_server_connections,
+)
+from include.pin_maintenance.jobs.snapshot_detach_answers import (
+    Answer,
+    Decision,
+    Verdict,
+    decide,
+)
 from include.pin_maintenance.jobs.snapshot_detach_config import (
     CONFIG,
     JOB,
     DetachConfig,
     worst_case_run_seconds,
 )
-from include.pin_maintenance.jobs.snapshot_detach_outcomes import (
-    KNOWN_REASONS,
-    ClaimedRow,
-    DetachResult,
-    Metric,
-    OutcomeRecorder,
-    claim_due_entries,
-    count_due_entries,
-    measure_pending_backlog,
+from include.pin_maintenance.jobs.snapshot_detach_gate import Breaker, CallGate
+from include.pin_maintenance.jobs.snapshot_detach_http import (
+    CallWorkers,
+    DetachClient,
+    HttpDetachClient,
+    basic_auth_session,
 )
-from include.pin_maintenance.jobs.snapshot_detach_workers import CallWorkers
-from include.pin_maintenance.lifecycle import (
-    BackgroundAlerts,
-    JobMetrics,
-    JobRun,
-    JobSpec,
-    job_run,
-)
+from include.pin_maintenance.lifecycle import CappedAlerts, JobMetrics, JobRun, JobSpec, job_run
 from include.pin_maintenance.parallel import Deadline
 from include.pin_maintenance.stopping import JobCancelled, StopReason, StopSignal
-from include.pin_maintenance.telemetry import Telemetry, record_error, resumed, set_result
+from include.pin_maintenance.telemetry import (
+    Alert,
+    AlertSink,
+    JobLog,
+    Telemetry,
+    record_error,
+    resumed,
+    set_result,
+)
 
 LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
+KNOWN_REASONS = frozenset({"BlockReplaced", "PostDeleted"})
 # The pipeline's depth: rows claimed and not yet recorded, in batches. When a slow call would
-# keep the pipeline full, the answered rows of its batch are recorded, so a stalled call (a
-# connection attempt dropped by a full accept queue, retried by TCP a second later) holds
-# back only its own row, not the claims behind it.
+# keep it full, the answered rows of its batch are recorded, so a stalled call holds back only
+# its own row, not the claims behind it.
 MAX_UNSETTLED_BATCHES = 3
 PIPELINE_POLL_SECONDS = 0.02  # how often the main thread looks whether to claim ahead
 ALERT_FLUSH_SECONDS = 2.0  # of RUN_MARGIN_SECONDS: undelivered alerts after that are logged
+
+QUARANTINED_ALERT = "snapshot_detach_quarantined"
+AUTH_ALERT = "selections_auth_failed"
+MISROUTE_ALERT = "selections_misrouted"
+OUTAGE_ALERT = "selections_unavailable"
+
+
+class Metric:
+    """The detach job's metric names (the contract: docs/design.md, "Metrics")."""
+
+    PENDING = "news_snapshot_detach_pending"
+    OLDEST_AGE = "news_snapshot_detach_oldest_age_seconds"
+    RETRIED = "news_snapshot_detach_retried_total"
+    SUCCEEDED = "news_snapshot_detach_succeeded_total"
+    FAILED = "news_snapshot_detach_failed_total"
+    QUARANTINED = "news_snapshot_detach_quarantined_total"
+    LAG = "news_snapshot_detach_lag_seconds"
+    RUN_DURATION = "news_snapshot_detach_run_duration_seconds"
+    LOCK_CONTENTION = "news_snapshot_detach_lock_contention_total"
+    LAST_SUCCESS = "news_snapshot_detach_last_success_timestamp_seconds"
+    BREAKER_OPEN = "news_snapshot_detach_breaker_open_total"
+    CONCURRENCY = "news_snapshot_detach_concurrency_limit"
+    # sent at 0 when a run starts (lifecycle.JobRun.started)
+    COUNTERS = (RETRIED, SUCCEEDED, FAILED, QUARANTINED, LOCK_CONTENTION, BREAKER_OPEN)
+
 
 SPEC = JobSpec(
     job=JOB,
@@ -120,6 +121,235 @@ SPEC = JobSpec(
         lock_contention=Metric.LOCK_CONTENTION,
     ),
 )
+
+
+@dataclass
+class DetachResult:
+    """What one run did; :meth:`as_dict` gives the seed's names (also the task's XCom)."""
+
+    lock_acquired: bool = True
+    dry_run: bool = False
+    due: int | None = None  # dry run only
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    quarantined: int = 0
+    failed: int = 0
+    given_back: int = 0
+    superseded: int = 0
+    batches: int = 0
+    stop_reason: str = ""
+    auth_failed: bool = False
+    breaker_open: bool = False  # the outage breaker opened in this run
+    breaker_failures: int = 0  # consecutive failed calls that opened it
+    outage_calls: int = 0  # called, failed in the outage, attempt given back
+    misrouted: bool = False  # the misroute breaker opened (404s and no 2xx)
+    misroute_calls: int = 0  # 404s given back as the misroute's evidence
+    calls: int = 0  # detach calls made
+    throttled: int = 0  # answers that throttle (429 / 503)
+    retry_after_paused_seconds: float = 0.0
+    concurrency_limit: int = 0  # adaptive limit at the end of the run
+    concurrency_peak: int = 0  # most calls in flight at once
+    call_stalls: int = 0  # calls seen in flight past the limit's stall time
+    call_retries: int = 0  # calls lost in transport while others were answered, made once more
+    pending: int = 0
+    oldest_age_seconds: float = 0.0
+    duration_ms: int = 0
+
+    @property
+    def has_more(self) -> bool:
+        return self.stop_reason not in ("", StopReason.DRAINED)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Each field under its seed name (``given_back`` -> ``GivenBack``), seconds rounded to
+        the millisecond, and ``HasMore`` after ``Batches``."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            name = "".join(part.capitalize() for part in f.name.split("_"))
+            out[name] = round(value, 3) if isinstance(value, float) else value
+            if name == "Batches":
+                out["HasMore"] = self.has_more
+        return out
+
+
+@dataclass(frozen=True)
+class ClaimedRow:
+    id: str
+    snapshot_id: str
+    post_id: str
+    reason: str
+    attempts: int  # after the pre-increment
+    previous_next_attempt_at: datetime
+    next_attempt_at: datetime  # as set by the claim
+    claimed_at: datetime  # updated_at written by the claim (the claim token)
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class OutcomePlan:
+    """The values one row's outcome statement writes (applied only to its own claim)."""
+
+    row: ClaimedRow
+    decision: Decision
+    status: str
+    attempts: int
+    next_attempt_at: datetime
+    last_error: str | None
+    keep_last_error: bool = False
+
+
+def plan_outcome(row: ClaimedRow, decision: Decision, now: datetime) -> OutcomePlan:
+    """What ``decision`` writes to ``row`` (pure). Given back (not called, 401/403, misrouted):
+    attempts and due time as before the claim; an outage keeps the claim's backoff."""
+    verdict = decision.verdict
+    given_back = row.attempts - 1
+    if verdict is Verdict.OUTAGE:
+        next_at = _not_before_retry_after(row.next_attempt_at, decision, now)
+        return OutcomePlan(row, decision, "Pending", given_back, next_at, decision.error)
+    if verdict in (Verdict.NOT_CALLED, Verdict.AUTH_FAILED, Verdict.MISROUTED):
+        return OutcomePlan(
+            row,
+            decision,
+            "Pending",
+            given_back,
+            row.previous_next_attempt_at,
+            decision.error,
+            keep_last_error=verdict is Verdict.NOT_CALLED,
+        )
+    if verdict is Verdict.DONE:
+        return OutcomePlan(row, decision, "Done", row.attempts, row.next_attempt_at, None)
+    if verdict is Verdict.QUARANTINE:
+        return OutcomePlan(
+            row, decision, "Quarantined", row.attempts, row.next_attempt_at, decision.error
+        )
+    next_at = _not_before_retry_after(row.next_attempt_at, decision, now)
+    return OutcomePlan(row, decision, "Pending", row.attempts, next_at, decision.error)
+
+
+def _not_before_retry_after(next_at: datetime, decision: Decision, now: datetime) -> datetime:
+    if decision.retry_after_seconds is None:
+        return next_at
+    return max(next_at, now + timedelta(seconds=decision.retry_after_seconds))
+
+
+def pg_array(values: Iterable[Any]) -> str:
+    """A Postgres array literal (``{...}``), cast in the SQL: one string per array costs the
+    main thread far less than psycopg's per-element dumping. None, bool, int, datetime, str."""
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        elif isinstance(v, bool):
+            parts.append("t" if v else "f")
+        elif isinstance(v, int):
+            parts.append(str(v))
+        elif isinstance(v, datetime):
+            parts.append(f'"{v.isoformat()}"')
+        else:
+            text = str(v).replace("\\", "\\\\").replace('"', '\\"')
+            parts.append(f'"{text}"')
+    return "{" + ",".join(parts) + "}"
+
+
+def claim_due_entries(
+    conn: psycopg.Connection,
+    *,
+    now: datetime,
+    batch_size: int,
+    in_flight: Sequence[str],
+    backoff: Backoff,
+    rng: random.Random,
+) -> list[ClaimedRow]:
+    """Claim up to ``batch_size`` due rows not in ``in_flight`` (one transaction)."""
+    with conn.transaction():
+        found = conn.execute(
+            sql.load("news/select_due_entries"),
+            {"now": now, "batch_size": batch_size, "in_flight": pg_array(in_flight)},
+        ).fetchall()
+        rows = []
+        for rid, snapshot_id, post_id, reason, attempts, next_at, created_at in found:
+            n = attempts + 1
+            delay = backoff.delay_with_jitter(n, rng.uniform)
+            rows.append(
+                ClaimedRow(
+                    id=str(rid),
+                    snapshot_id=str(snapshot_id),
+                    post_id=str(post_id),
+                    reason=reason,
+                    attempts=n,
+                    previous_next_attempt_at=next_at,
+                    next_attempt_at=now + timedelta(seconds=delay),
+                    claimed_at=now,
+                    created_at=created_at,
+                )
+            )
+        if rows:
+            conn.execute(
+                sql.load("news/claim_due_entries"),
+                {
+                    "now": now,
+                    "ids": pg_array(r.id for r in rows),
+                    "attempts": pg_array(r.attempts for r in rows),
+                    "next_attempt_at": pg_array(r.next_attempt_at for r in rows),
+                },
+            )
+    return rows
+
+
+def record_detach_outcomes(
+    conn: psycopg.Connection, plans: Sequence[OutcomePlan], now: datetime
+) -> set[str]:
+    """Write ``plans`` in one transaction; returns the ids whose claim still held."""
+    with conn.transaction():
+        cur = conn.execute(
+            sql.load("news/record_detach_outcomes"),
+            {
+                "now": now,
+                "ids": pg_array(p.row.id for p in plans),
+                "claimed_attempts": pg_array(p.row.attempts for p in plans),
+                "claimed_at": pg_array(p.row.claimed_at for p in plans),
+                "statuses": pg_array(p.status for p in plans),
+                "attempts": pg_array(p.attempts for p in plans),
+                "next_attempt_at": pg_array(p.next_attempt_at for p in plans),
+                "last_errors": pg_array(p.last_error for p in plans),
+                "keep_last_error": pg_array(p.keep_last_error for p in plans),
+            },
+        )
+        return {str(r[0]) for r in cur.fetchall()}
+
+
+def _read_one(connect: Connect, query: str, now: datetime) -> Any:
+    conn = connect()
+    try:
+        row = conn.execute(sql.load(query), {"now": now}).fetchone()
+        conn.rollback()
+        return row
+    finally:
+        conn.close()
+
+
+class _PoolAlerts:
+    """Alerts sent on the run's call pool, so a slow webhook never stretches the run."""
+
+    def __init__(self, sink: AlertSink, pool: ThreadPoolExecutor, log: JobLog) -> None:
+        self._sink = sink
+        self._pool = pool
+        self._log = log
+        self._sent: list[Future] = []
+
+    def send(self, alert: Alert) -> None:
+        self._sent.append(self._pool.submit(self._deliver, alert))
+
+    def _deliver(self, alert: Alert) -> None:
+        try:
+            self._sink.send(alert)
+        except Exception as exc:  # a sink failure must not lose the alerts behind it
+            self._log.error("alert_failed", alert=alert.name, error=type(exc).__name__)
+
+    def flush(self, seconds: float) -> int:
+        """Wait at most ``seconds``; how many alerts were not delivered by then."""
+        return len(futures.wait(self._sent, timeout=max(0.0, seconds)).not_done)
 
 
 @dataclass
@@ -154,27 +384,28 @@ def run(
     monotonic: Callable[[], float] = time.monotonic,
     lock_name: str = LOCK_NAME,
 ) -> DetachResult:
-    """One run of the job (see the module docstring). ``config`` is ``CONFIG.resolve(...)``.
-
-    ``client`` may be None for a dry run (which calls nothing and writes nothing).
-    ``lock_name`` exists for tests that defeat the single-runner lock on purpose (to show the
-    row-level ``SKIP LOCKED`` defence on its own); production always uses :data:`LOCK_NAME`.
-    """
+    """One run of the job; ``config`` is ``CONFIG.resolve(...)``, ``client`` may be None for a
+    dry run. ``lock_name`` is for tests that defeat the single-runner lock on purpose."""
     if client is None and not dry_run:
         raise ValueError("a detach client is required unless dry_run")
     detach_run = _Run(
-        connect=connect,
-        config=config,
-        telemetry=telemetry,
-        stop=stop,
-        client=client,
+        connect,
+        config,
+        telemetry,
+        stop,
+        client,
         now=now,
         rng=rng or random.Random(),
         monotonic=monotonic,
         lock_name=lock_name,
     )
-    with job_run(SPEC, telemetry) as lifecycle:
-        return detach_run(lifecycle, dry_run)
+    try:
+        with job_run(SPEC, telemetry) as lifecycle:
+            return detach_run(lifecycle, dry_run)
+    finally:
+        # alerts not sent within their bound are dropped; a call or an alert still running
+        # finishes on its own
+        detach_run.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _Run:
@@ -182,12 +413,12 @@ class _Run:
 
     def __init__(
         self,
-        *,
         connect: Connect,
         config: DetachConfig,
         telemetry: Telemetry,
         stop: StopSignal,
         client: DetachClient | None,
+        *,
         now: Callable[[], datetime],
         rng: random.Random,
         monotonic: Callable[[], float],
@@ -198,7 +429,6 @@ class _Run:
         self.config = config
         self.telemetry = telemetry
         self.log = telemetry.log
-        self.tracer = telemetry.tracer
         self.metrics = telemetry.metrics
         self.stop = stop
         self.client = client
@@ -208,13 +438,16 @@ class _Run:
         self.backoff = Backoff(
             config.backoff_base_seconds, config.backoff_factor, config.backoff_cap_seconds
         )
-        self.workers: CallWorkers | None = None  # made when the pipeline starts
-        self.deadline = Deadline(worst_case_run_seconds(config), clock=monotonic)  # reset per run
-        self.alerts = BackgroundAlerts(telemetry.alerts, telemetry)
-        self.result = DetachResult()
-        self.outcomes = OutcomeRecorder(
-            self.result, log=self.log, metrics=self.metrics, alerts=self.alerts, now=now
+        self.pool = ThreadPoolExecutor(
+            max_workers=config.detach_concurrency, thread_name_prefix="detach"
         )
+        self.alerts = _PoolAlerts(telemetry.alerts, self.pool, telemetry.log)
+        self.quarantine_alerts = CappedAlerts(self.alerts)
+        self.deadline = Deadline(worst_case_run_seconds(config), clock=monotonic)  # reset per run
+        self.gate: CallGate | None = None  # made when the pipeline starts
+        self.calls: CallWorkers | None = None
+        self.aborted = False  # the main thread failed: no new call starts
+        self.result = DetachResult()
         self.lifecycle: JobRun | None = None
 
     def __call__(self, lifecycle: JobRun, dry_run: bool) -> DetachResult:
@@ -230,7 +463,8 @@ class _Run:
         )
         privileges.require(self.connect, JOB, lifecycle.telemetry)  # before the lock, any write
         if dry_run:
-            self.result.due = count_due_entries(self.connect, self.now())
+            due = _read_one(self.connect, "news/count_due_entries", self.now())
+            self.result.due = int(due[0]) if due else 0
             self.log.info("dry_run", due=self.result.due, calls=0, writes=0)
             return self._finish(started, success=True)
         lease = self.config.lock_ttl_seconds
@@ -238,7 +472,6 @@ class _Run:
             if not held:
                 self.result.lock_acquired = False
                 # a holder past the lease is stuck: a live run ends before its lease does
-                # (lock_ttl_seconds > the worst-case run, checked at validation)
                 lifecycle.skipped_lock_busy(self.connect, self.lock_name, lease, alerts=self.alerts)
                 return self._finish(started, success=True, lock_busy=True)
             cancelled = self._run_batches()
@@ -250,19 +483,11 @@ class _Run:
     # -- the batch pipeline ----------------------------------------------------------------
 
     def _run_batches(self) -> bool:
-        """The batch pipeline; returns True when it stopped because of the stop signal.
+        """The batch pipeline; True when it stopped because of the stop signal.
 
-        Calls stay in flight across batch boundaries: the next batch is claimed and its calls
-        queued as soon as fewer calls are queued than the limit allows in flight (at most
-        :data:`MAX_UNSETTLED_BATCHES` batches claimed and not yet recorded), and a batch's
-        outcomes are recorded as soon as all of its calls are in, oldest batch first. Each
-        batch still has exactly one claim and one outcome transaction, and every claimed
-        batch is recorded before the run ends (also on the deadline, a stop or a breaker).
-
-        Every wait takes its timeout from the run's one :class:`Deadline`
-        (``max_run_duration_seconds + detach_call_timeout_seconds`` from now): no batch is
-        claimed and no call started once the deadline no longer allows a whole call, so the
-        calls still running then end before it, and the last batches settle by then.
+        Calls stay in flight across batches: the next batch is claimed while fewer calls are
+        queued than the limit allows in flight (at most :data:`MAX_UNSETTLED_BATCHES`
+        unrecorded), and a batch is recorded as soon as its calls are in, in one transaction.
         """
         conn = self.connect()
         conn.autocommit = True  # every unit of work is an explicit, short transaction
@@ -271,29 +496,41 @@ class _Run:
             self.config.max_run_duration_seconds + self.config.detach_call_timeout_seconds,
             clock=self.monotonic,
         )
-        workers = self.workers = CallWorkers(
-            self.config,
-            client=self.client,
+        call_seconds = self.config.detach_call_timeout_seconds
+        gate = self.gate = CallGate(
+            self.config.detach_concurrency_min,
+            self.config.detach_concurrency,
+            self.config.breaker_failure_threshold,
             deadline=self.deadline,
-            stopped=self.stop.is_set,
+            call_seconds=call_seconds,
+            stopped=lambda: self.stop.is_set() or self.aborted,
+            on_open=self._log_outage_breaker_open,
+            misroute_limit=self.config.misroute_quarantine_limit,
+        )
+        self.calls = CallWorkers(
+            self.pool,
+            gate,
+            self.client,
+            deadline=self.deadline,
+            call_seconds=call_seconds,
+            max_attempts=self.config.max_attempts,
             telemetry=self.telemetry,
-            alerts=self.alerts,
-            result=self.result,
-            outcomes=self.outcomes,
         )
         unsettled: deque[_Batch] = deque()
         try:
             batches, stop_reason = self._pipeline(conn, unsettled)
         except BaseException:
-            workers.abort()  # no new call starts; claimed rows keep their claim
+            self.aborted = True  # no new call starts; claimed rows keep their claim
             raise
         finally:
-            workers.close()
+            gate.close()  # wakes every waiting call
             conn.close()
-            for batch in unsettled:  # a failure before their outcomes: end their spans
+            for batch in unsettled:  # a failure before their outcomes
+                for call in batch.calls.values():
+                    call.cancel()
                 batch.span.end()
         self.result.batches = batches
-        workers.report(stop_reason)
+        self._report(stop_reason)
         # a stop that arrived during the last (short) batch still ends the run as cancelled
         return stop_reason is StopReason.CANCELLED or self.stop.is_set()
 
@@ -316,7 +553,7 @@ class _Run:
             if not unsettled:
                 return batches, stop_reason
             if self.deadline.expired():  # only a client that ignored its timeout gets here
-                self.workers.abandon(unsettled[0].calls)
+                self.calls.abandon(unsettled[0].calls)
                 continue
             head = [f for f in unsettled[0].calls.values() if not f.done()]
             # batches settle in any order: while others are out, look again for them too
@@ -327,9 +564,9 @@ class _Run:
         """Why no further batch is claimed, or None (the first batch is always claimed)."""
         if self.stop.is_set():
             return StopReason.CANCELLED
-        if self.workers.calls_stopped:
-            return "calls_stopped"  # CallWorkers.report names why
-        if batches and self.workers.deadline_reached:
+        if self.gate.calls_stopped:
+            return "calls_stopped"  # _report names why
+        if batches and self.gate.deadline_reached:
             return StopReason.MAX_DURATION
         return None
 
@@ -339,10 +576,9 @@ class _Run:
             return True
         if self._pipeline_full(unsettled):
             return False
-        return self.workers.queued() < 2 * self.workers.slots
+        return self.calls.queued() < 2 * self.gate.limit.slots
 
     def _pipeline_full(self, unsettled: deque[_Batch]) -> bool:
-        """No room for another batch's rows within the pipeline's depth."""
         rows = sum(len(b.rows) for b in unsettled)
         return rows > (MAX_UNSETTLED_BATCHES - 1) * self.config.batch_size
 
@@ -350,7 +586,9 @@ class _Run:
         self, conn: psycopg.Connection, index: int, unsettled: deque[_Batch]
     ) -> _Batch:
         in_flight = [r.id for b in unsettled for r in b.rows]
-        span = self.tracer.start_span(f"{JOB} batch", attributes={"pin.batch.index": index})
+        span = self.telemetry.tracer.start_span(
+            f"{JOB} batch", attributes={"pin.batch.index": index}
+        )
         try:
             rows = claim_due_entries(
                 conn,
@@ -368,14 +606,15 @@ class _Run:
         self.log.info("batch_claimed", batch_index=index, rows=len(rows))
         self.result.claimed += len(rows)
         parent = trace.set_span_in_context(span)  # worker threads do not inherit the context
-        batch = _Batch(rows, self.workers.submit(rows, parent), span)
+        known = [r for r in rows if r.reason in KNOWN_REASONS]
+        batch = _Batch(rows, self.calls.submit(known, parent), span)
         if not rows:
             span.end()
         return batch
 
     def _settle_answered(self, conn: psycopg.Connection, unsettled: deque[_Batch]) -> None:
-        """Record every batch whose calls are all in, oldest first, and end its span; while the
-        pipeline is still full, record the answered rows of the batches left, oldest first."""
+        """Record every batch whose calls are all in and end its span; while the pipeline is
+        still full, record the answered rows of the batches left, oldest first."""
         for batch in [b for b in unsettled if b.done()]:
             unsettled.remove(batch)
             with resumed(batch.span) as span:
@@ -396,7 +635,7 @@ class _Run:
         if not rows:
             return
         decisions = [(row, self._decide(row, batch)) for row in rows]
-        self.outcomes.record(conn, decisions)
+        self._record(conn, decisions)
         batch.recorded.update(d.verdict for _, d in decisions)
         recorded = {row.id for row in rows}
         batch.rows = [r for r in batch.rows if r.id not in recorded]
@@ -404,17 +643,265 @@ class _Run:
             batch.calls.pop(row_id, None)
 
     def _decide(self, row: ClaimedRow, batch: _Batch) -> Decision:
+        """A row's verdict, with what the gate learnt about the run (outage, misroute)."""
         if row.reason not in KNOWN_REASONS:  # never called
             return Decision(Verdict.QUARANTINE, "UnknownReason")
-        return self.workers.decide(row, batch.calls)
+        answer = batch.calls[row.id].result()
+        return decide(
+            answer,
+            row.attempts,
+            self.config.max_attempts,
+            outage=answer is not None and self.gate.outage_row(row.id),
+            misrouted=answer is not None and self.gate.misroute_row(row.id),
+        )
+
+    def _log_outage_breaker_open(self, breaker: Breaker, answer: Answer) -> None:
+        """On the worker thread whose call opened the outage breaker (once)."""
+        self.log.warning(
+            "breaker_open", consecutive_failures=breaker.failures_at_open, error_code=answer.error
+        )
+
+    # -- outcomes --------------------------------------------------------------------------
+
+    def _record(
+        self, conn: psycopg.Connection, decisions: Sequence[tuple[ClaimedRow, Decision]]
+    ) -> None:
+        """Write the outcomes, then account for those whose claim still held."""
+        now = self.now()
+        plans = sorted(
+            (plan_outcome(row, decision, now) for row, decision in decisions),
+            key=lambda p: p.row.id,
+        )
+        applied = self._write_all_or_each(conn, plans, now)
+        detached: list[OutcomePlan] = []
+        for plan in plans:
+            if plan.row.id not in applied:
+                self.result.superseded += 1
+                self.log.warning(
+                    "entry_outcome_superseded",
+                    snapshot_id=plan.row.snapshot_id,
+                    attempts=plan.row.attempts,
+                    outcome=plan.decision.verdict,
+                )
+                continue
+            self._account_for(plan, now)
+            if plan.decision.verdict is Verdict.DONE:
+                detached.append(plan)
+        if detached:
+            # one line per batch: under Airflow every line crosses the task supervisor
+            self.metrics.incr(Metric.SUCCEEDED, len(detached))
+            self.log.info(
+                "entries_detached",
+                count=len(detached),
+                snapshot_ids=",".join(p.row.snapshot_id for p in detached),
+                attempts=",".join(str(p.row.attempts) for p in detached),
+            )
+
+    def _write_all_or_each(
+        self, conn: psycopg.Connection, plans: Sequence[OutcomePlan], now: datetime
+    ) -> set[str]:
+        """The ids written: in one transaction, or row by row when that failed."""
+        try:
+            return record_detach_outcomes(conn, plans, now)
+        except psycopg.OperationalError:
+            raise  # the database is gone: the task fails, Airflow retries it
+        except psycopg.Error as exc:
+            self.log.error("batch_outcome_failed", rows=len(plans), error=type(exc).__name__)
+        applied: set[str] = set()
+        for plan in plans:
+            try:
+                applied |= record_detach_outcomes(conn, [plan], now)
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as row_exc:
+                self.log.error(
+                    "entry_outcome_failed",
+                    snapshot_id=plan.row.snapshot_id,
+                    error=type(row_exc).__name__,
+                )
+        return applied
+
+    def _account_for(self, plan: OutcomePlan, now: datetime) -> None:
+        """One written outcome: the result's counters, its metrics, log line and alert."""
+        row, decision = plan.row, plan.decision
+        if decision.is_failed_call:
+            self.result.failed += 1
+            self.metrics.incr(Metric.FAILED)
+        verdict = decision.verdict
+        if verdict is Verdict.DONE:
+            self.result.succeeded += 1  # counted and logged per batch by _record()
+            self.metrics.timing(Metric.LAG, max(now - row.created_at, timedelta(0)))
+            self.log.debug("entry_detached", snapshot_id=row.snapshot_id, attempts=row.attempts)
+        elif verdict is Verdict.RETRY:
+            self.result.retried += 1
+            self.metrics.incr(Metric.RETRIED)
+            self.log.info(
+                "entry_retry",
+                snapshot_id=row.snapshot_id,
+                attempts=row.attempts,
+                error_code=decision.error,
+                next_attempt_at=plan.next_attempt_at.isoformat(),
+            )
+        elif verdict is Verdict.QUARANTINE:
+            self._quarantined(row, decision)
+        elif verdict is Verdict.AUTH_FAILED:
+            self.result.given_back += 1
+            self._auth_failed(decision)
+        elif verdict is Verdict.MISROUTED:
+            self.result.misroute_calls += 1
+            self.result.given_back += 1
+            self.log.info("entry_misrouted", snapshot_id=row.snapshot_id, attempts=row.attempts - 1)
+        elif verdict is Verdict.OUTAGE:
+            self.result.outage_calls += 1
+            self.result.given_back += 1
+            self.log.info(
+                "entry_outage",
+                snapshot_id=row.snapshot_id,
+                attempts=row.attempts - 1,
+                error_code=decision.error,
+                next_attempt_at=plan.next_attempt_at.isoformat(),
+            )
+        else:
+            self.result.given_back += 1
+            self.log.info(
+                "entry_not_called", snapshot_id=row.snapshot_id, attempts=row.attempts - 1
+            )
+
+    def _quarantined(self, row: ClaimedRow, decision: Decision) -> None:
+        self.result.quarantined += 1
+        self.metrics.incr(Metric.QUARANTINED)
+        self.log.warning(
+            "entry_quarantined",
+            snapshot_id=row.snapshot_id,
+            reason=row.reason,
+            attempts=row.attempts,
+            error_code=decision.error,
+        )
+        self.quarantine_alerts.send(
+            Alert(
+                QUARANTINED_ALERT,
+                "warning",
+                f"snapshot {row.snapshot_id} quarantined after {row.attempts} attempt(s): "
+                f"{decision.error}",
+                {
+                    "snapshot_id": row.snapshot_id,
+                    "post_id": row.post_id,
+                    "reason": row.reason,
+                    "attempts": row.attempts,
+                },
+            )
+        )
+
+    def _auth_failed(self, decision: Decision) -> None:
+        """The first refused call of the run logs and alerts; the rest are only counted."""
+        if self.result.auth_failed:
+            return
+        self.result.auth_failed = True
+        self.log.error("selections_auth_failed", error_code=decision.error)
+        self.alerts.send(
+            Alert(
+                AUTH_ALERT,
+                "critical",
+                f"selections rejected our credentials ({decision.error}); detach calls "
+                "stopped for this run, no attempts consumed. Check the selections_api "
+                "connection.",
+                {"error": decision.error},
+            )
+        )
+
+    # -- after the last batch --------------------------------------------------------------
+
+    def _report(self, pipeline_reason: StopReason | str | None) -> None:
+        """What the gate saw into the result, the run's stop reason and its summary alerts."""
+        gate, stats, r = self.gate, self.gate.stats, self.result
+        r.calls = stats.calls
+        r.throttled = stats.throttled
+        r.retry_after_paused_seconds = stats.paused_seconds
+        r.concurrency_limit = gate.limit.slots
+        r.concurrency_peak = stats.peak_in_flight
+        r.call_stalls = stats.stalls
+        r.call_retries = stats.retried
+        r.misrouted = gate.misroute.is_open
+        r.breaker_open = gate.is_open
+        if gate.is_open:
+            r.breaker_failures = gate.outage_breaker.failures_at_open
+        self.metrics.gauge(Metric.CONCURRENCY, r.concurrency_limit)
+        # why calls stopped, if they did (refused credentials first), else why claiming did
+        if gate.auth_rejected:
+            r.stop_reason = "auth_failed"
+        elif gate.is_open:
+            r.stop_reason = "selections_unavailable"
+        elif gate.misroute.is_open:
+            r.stop_reason = "selections_misrouted"
+        elif stats.stopped_by_retry_after:
+            r.stop_reason = "retry_after"
+        else:
+            r.stop_reason = str(pipeline_reason or StopReason.DRAINED)
+        if stats.stopped_by_retry_after and not gate.is_open:
+            self.log.warning("calls_paused_past_run_bound", throttled=r.throttled)
+        quarantined = r.quarantined
+        self.quarantine_alerts.summarize(
+            lambda sent, suppressed: Alert(
+                QUARANTINED_ALERT,
+                "warning",
+                f"{quarantined} row(s) quarantined in this run; the first {sent} alerted one "
+                f"by one, {suppressed} more only counted here",
+                {"quarantined": quarantined, "alerted": sent, "suppressed": suppressed},
+            )
+        )
+        if gate.misroute.is_open:
+            self._alert_misrouted()
+        if gate.is_open:
+            self.metrics.incr(Metric.BREAKER_OPEN)
+            self.alerts.send(
+                Alert(
+                    OUTAGE_ALERT,
+                    "warning",
+                    f"selections failed {r.breaker_failures} detach calls in a row; calls "
+                    f"stopped for this run after {r.calls} call(s), {r.outage_calls} of them "
+                    "and every row not called cost no attempt. The next run probes again.",
+                    {
+                        "consecutive_failures": r.breaker_failures,
+                        "calls": r.calls,
+                        "outage_calls": r.outage_calls,
+                        "given_back": r.given_back,
+                    },
+                )
+            )
+
+    def _alert_misrouted(self) -> None:
+        r = self.result
+        limit = self.config.misroute_quarantine_limit
+        quarantined_404 = self.gate.misroute.quarantined_404s
+        self.log.error(
+            MISROUTE_ALERT,
+            quarantined_404=quarantined_404,
+            misroute_calls=r.misroute_calls,
+            given_back=r.given_back,
+        )
+        self.alerts.send(
+            Alert(
+                MISROUTE_ALERT,
+                "critical",
+                f"selections answered 404 to {quarantined_404 + 1}+ detach calls and 2xx to "
+                "none: the selections route looks wrong (base URL, path, ingress). At most "
+                f"{limit} row(s) were quarantined; calls stopped for this run and every other "
+                "row cost no attempt. Check the selections_api connection.",
+                {
+                    "quarantined_404": quarantined_404,
+                    "misroute_calls": r.misroute_calls,
+                    "given_back": r.given_back,
+                    "limit": limit,
+                },
+            )
+        )
 
     # -- end of run ------------------------------------------------------------------------
 
     def _end_measurements(self, started: float, *, lock_busy: bool) -> float:
-        """Backlog gauges (a run that held the lock), the bounded alert flush, the duration."""
+        """Backlog gauges (a run that held the lock), the bounded alert wait, the duration."""
         if not lock_busy:
             self._measure_backlog()
-        # alerts went out on their own thread; wait for them only inside the run's bound
         undelivered = self.alerts.flush(self.deadline.timeout() + ALERT_FLUSH_SECONDS)
         if undelivered:
             self.log.warning("alerts_undelivered", alerts=undelivered)
@@ -452,8 +939,7 @@ class _Run:
         return r
 
     def _finish_cancelled(self, started: float) -> JobCancelled:
-        """A stopped run: its measurements and result as for any run, then ``job_cancelled``;
-        returns the exception to raise (no last-success: a cancelled run did not succeed)."""
+        """A stopped run's measurements and result, then ``job_cancelled`` (no last-success)."""
         elapsed = self._end_measurements(started, lock_busy=False)
         r = self.result
         self.metrics.timing(Metric.RUN_DURATION, timedelta(seconds=elapsed))
@@ -473,11 +959,75 @@ class _Run:
 
     def _measure_backlog(self) -> None:
         try:
-            pending, oldest_age = measure_pending_backlog(self.connect, self.now())
+            row = _read_one(self.connect, "news/measure_pending_backlog", self.now())
         except psycopg.Error as exc:  # gauges are best effort at the end of a run
             self.log.warning("backlog_measure_failed", error=type(exc).__name__)
             return
+        pending, oldest_age = int(row[0]), max(float(row[1]), 0.0)
         self.result.pending = pending
         self.result.oldest_age_seconds = oldest_age
         self.metrics.gauge(Metric.PENDING, pending)
         self.metrics.gauge(Metric.OLDEST_AGE, oldest_age)
+
+
+# --------------------------------------------------------------------------------------------
+# command line: the job without Airflow (python -m include.pin_maintenance.jobs.snapshot_detach)
+
+CLI_DESCRIPTION = """Run the detach retry job once without Airflow.
+
+``python -m include.pin_maintenance.jobs.snapshot_detach --db-url postgresql://user@host/news \
+--selections-url http://127.0.0.1:8080 --login pin-maintenance --password-env SELECTIONS_PASSWORD \
+[--config '{"batch_size": 50}'] [--dry-run]``
+
+The passwords are read from the environment, never from the command line (which any local
+user can see in ``ps``): the selections one from ``--password-env``, the database one from
+libpq's own sources (``PGPASSWORD``, ``~/.pgpass``, ``.pg_service.conf``) or
+``--db-password-env``; a password in ``--db-url`` is refused. SIGTERM stops the run between
+rows (exit code 3).
+"""
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--selections-url", required=True, help="base URL of selections")
+    parser.add_argument("--login", default=None, help="basic auth login (none: no auth)")
+    parser.add_argument(
+        "--password-env",
+        default="SELECTIONS_PASSWORD",
+        help="environment variable holding the basic auth password",
+    )
+
+
+def _run(cli_run: cli.CliRun) -> Mapping[str, Any]:
+    args = cli_run.args
+    password = os.environ.get(args.password_env)
+    client = HttpDetachClient(args.selections_url, lambda: basic_auth_session(args.login, password))
+    with client:
+        result = run(
+            cli_run.connect,
+            cli_run.config,
+            cli_run.telemetry,
+            cli_run.stop,
+            client,
+            dry_run=cli_run.dry_run,
+        )
+    return result.as_dict()
+
+
+CLI = cli.JobCli(
+    spec=SPEC,
+    module="include.pin_maintenance.jobs.snapshot_detach",
+    database="news database",
+    description=CLI_DESCRIPTION,
+    session=SessionSettings(application_name="detach-cli"),
+    run=_run,
+    add_arguments=_add_arguments,
+    cancelled_output={"cancelled": True},  # what the crash test and scripts read on exit 3
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.main(CLI, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,26 +1,12 @@
 """What one detach call's answer means, decided once: the answer table.
 
 Every outcome of a call (an HTTP status class, a transport error, our own client's exception)
-is one row of :data:`ANSWERS`, which says everything the job does with it: the row's verdict
-and ``last_error``, what it tells the outage breaker (:class:`Streak`) and the concurrency
-limit (:class:`Load`), whether it throttles (``Retry-After``), refuses our credentials, says
-something about the route (:class:`Route`), or was lost in transport (it may be made once
-more). :func:`answer_of` picks the row for a call's :class:`CallOutcome`; the worker does that
-once per call, and the gate, the call's span, the logs and the outcome all read that
-:class:`Answer`. :func:`decide` adds what the row itself brings (its attempts, an outage).
-Table-tested in ``tests/unit/test_snapshot_detach_answers.py``.
-
-What each answer does to its outbox row is docs/design.md, "Selections API" (the table there
-and :data:`ANSWERS` say the same; :data:`ANSWERS` also holds what the table leaves out: a
-1xx/3xx, since redirects are not followed, and our own client's exception are transient; a row
-whose reason is not BlockReplaced / PostDeleted is not called and quarantined as
-``UnknownReason``). A 404 past ``misroute_quarantine_limit`` in a run
-without a 2xx, and a transient failure that opened the outage breaker, are decided by the gate
-(``snapshot_detach_gate``): the attempt is given back.
-
-*Given back* means ``attempts`` and ``next_attempt_at`` return to their values before the
-claim (``last_error`` unchanged): a broken credential or a cancelled run costs no row an
-attempt. Rows with a status other than Pending/Done/Quarantined are never selected.
+is one row of :data:`ANSWERS`: the row's verdict and ``last_error``, what it tells the outage
+breaker (:class:`Streak`), the concurrency limit (:class:`Load`) and the misroute breaker
+(:class:`Route`), and whether it throttles, refuses our credentials or was lost in transport.
+:func:`answer_of` picks a call's row once; the gate, the span, the logs and the outcome all read
+that :class:`Answer`. What each verdict writes: docs/design.md, "Selections API". Table-tested
+in ``tests/unit/test_snapshot_detach_answers.py``.
 """
 
 from __future__ import annotations
@@ -78,8 +64,7 @@ class Route(StrEnum):
 
 @dataclass(frozen=True)
 class Answer:
-    """One row of :data:`ANSWERS` (the outcomes it holds, what they mean) or, made by
-    :func:`answer_of`, one call's answer: its row with the call's code, error and Retry-After."""
+    """One row of :data:`ANSWERS` or, made by :func:`answer_of`, one call's answer."""
 
     kind: str  # names the row; the outcomes it holds are not compared (kind says it)
     codes: Container[int] | None = field(compare=False)  # status codes; None: every other
@@ -100,11 +85,9 @@ class Answer:
 
 
 V, S, L = Verdict, Streak, Load
-# The first row holding an outcome is its answer. Which 4xx are permanent
-# (docs/design/detach.md): the snapshot is unknown or gone, or the request itself is refused
-# (the same request gets the same answer). Every other 4xx says nothing definite about the row:
-# a retry is free (detach is idempotent) and max_attempts still quarantines a row that never
-# resolves.
+# The first row holding an outcome is its answer. A 4xx is permanent only when the snapshot is
+# unknown or gone or the request itself is refused (docs/design/detach.md); redirects are not
+# followed, so a 1xx/3xx is an unexpected status.
 ANSWERS: tuple[Answer, ...] = (
     Answer("2xx", range(200, 300), V.DONE, S.RESET, L.LATENCY, route=Route.WORKS),
     Answer("404", {404}, V.QUARANTINE, S.RESET, L.LATENCY, "HttpNotFound", route=Route.NOT_FOUND),
@@ -228,12 +211,8 @@ def decide(
     outage: bool = False,
     misrouted: bool = False,
 ) -> Decision:
-    """What to do with a row after its call; ``None`` = not called. Pure, table-tested.
-
-    ``outage``: the call's failure is part of the streak that opened the outage breaker (or
-    came after it); a transient answer then costs the row nothing, whatever its attempts.
-    ``misrouted``: the call's 404 is evidence of a wrong route (the gate's misroute breaker).
-    """
+    """What to do with a row after its call (``None``: not called). ``outage`` / ``misrouted``:
+    the gate counted the call as the outage's or the misroute's evidence."""
     if answer is None:
         return Decision(Verdict.NOT_CALLED)
     if misrouted:

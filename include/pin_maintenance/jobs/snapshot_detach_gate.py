@@ -1,35 +1,9 @@
 """The gate every detach call passes: how many are in flight, and when calls stop.
 
-Which answer counts as what (a failure in a row, congestion, a throttle, refused credentials,
-a 404 of a suspect route, a call lost in transport) is its row of the answer table
-(``snapshot_detach_answers``); the gate only acts on it. Why, at length: docs/design/detach.md.
-
-- **Adaptive concurrency** (:class:`AdaptiveLimit`): the calls in flight follow the service's
-  knee, between ``detach_concurrency_min`` and ``detach_concurrency``; congestion (or a call
-  stalled in flight) halves the limit.
-- **Retry-After** of a throttling answer pauses every new call that long. A pause longer than
-  :data:`MAX_PAUSE_SECONDS`, or one that would leave no whole call before the run's deadline,
-  stops calling for the run instead: the next run is minutes away, and a run must not hold its
-  lock idle.
-- **Run deadline** (the run's one :class:`~include.pin_maintenance.parallel.Deadline`): a call
-  starts only while the deadline still allows a whole call, so every call ends before it; every
-  wait in the gate takes its timeout from it.
-- **Misrouting breaker** (:class:`Misroute`): while the run has had no 2xx, the first
-  ``misroute_quarantine_limit`` 404s quarantine their rows; the next 404 stops calls, and it and
-  every later 404 get their attempt back.
-- **Outage breaker** (:class:`Breaker`): ``breaker_failure_threshold`` failures in a row stop
-  calls; the streak's calls and those in flight that fail after it get their attempt back. A
-  failure of a call started before the limit's last cut belongs to that cut's congestion event
-  (an overshoot's burst of refusals): it does not count, but is given back if the breaker opens.
-  Nothing is remembered between runs: every run starts half-open.
-- **A call lost in transport while the service answered calls started after it** (most often a
-  dropped connection attempt: the job's own overload) is made once more
-  (:meth:`CallGate.release` says so); an outage answers nobody, so it gets no second call.
-- **Refused credentials** stop calls for the run at once.
-
-:class:`CallGate` is the thread-safe part the worker threads go through; the rules
-(:class:`AdaptiveLimit`, :class:`Breaker`, :class:`Misroute`) are plain objects without threads
-or clocks, table-tested in ``tests/unit``.
+It acts on each answer's row of the answer table (``snapshot_detach_answers``); why each rule
+is as it is: docs/design/detach.md. The rules (:class:`AdaptiveLimit`, :class:`Breaker`,
+:class:`Misroute`) are plain objects without threads or clocks, table-tested in ``tests/unit``;
+:class:`CallGate` is the thread-safe part the calls go through, on the run's one deadline.
 """
 
 from __future__ import annotations
@@ -66,21 +40,9 @@ STALL_MIN_SECONDS = 0.5  # never shorter: a garbage collection of a big interpre
 
 @dataclass
 class AdaptiveLimit:
-    """How many detach calls the job keeps in flight, between ``minimum`` and ``maximum``.
-
-    The rule (docs/design/detach.md, "Finding the knee", after TCP Vegas): answers are judged a
-    window at a time (``max(WINDOW_MIN_CALLS, WINDOW_ROUNDS x limit)`` answers of calls started
-    in it); ``W0``, the base, is the run's lowest window mean latency (upper bound, ``NOISE_Z``
-    standard errors), and each window is judged by its mean's lower bound ``W``. ``W <
-    GROW_BELOW x W0``: grow, if the window used the limit (doubling up to half the maximum, then
-    a quarter, then ``+1`` per window). ``W >= CUT_ABOVE x W0`` (``GROW_BELOW`` in slow start):
-    back towards the knee, ``limit x W0 / W + 1``, at most ``KNEE_STEP`` lower per window. In
-    between: hold. Congestion halves the limit once per epoch, never below the minimum, and for
-    ``CEILING_SECONDS`` the limit stays a fifth below where it was cut. A call in flight longer
-    than ``STALL_FACTOR x W0`` (at least :data:`STALL_MIN_SECONDS`) is a stall: congestion,
-    counted once. No threads, no clock: the gate passes the times; table-tested in
-    ``tests/unit/test_snapshot_detach_limit.py``.
-    """
+    """How many detach calls the job keeps in flight, between ``minimum`` and ``maximum``:
+    the service's knee by the mean latency of each window of answers (docs/design/detach.md,
+    "Finding the knee"); congestion halves it once per epoch."""
 
     minimum: int
     maximum: int
@@ -196,11 +158,8 @@ class Breaker:
     failures_at_open: int = 0
 
     def record(self, row_id: str, streak: Streak, *, stale: bool = False) -> bool:
-        """Count one finished call; True when this call opened the breaker.
-
-        ``stale``: the call started before the limit's last cut; its failure joins the streak's
-        rows (given back if the breaker opens) without counting towards the threshold.
-        """
+        """Count one finished call; True when this call opened the breaker. ``stale``: started
+        before the limit's last cut, its failure joins the streak without counting."""
         if self.is_open:
             if streak is Streak.FAILURE:
                 self.outage_rows.add(row_id)  # in flight when it opened, failed the same way
@@ -265,7 +224,7 @@ class Ticket:
 @dataclass
 class GateStats:
     calls: int = 0
-    throttled: int = 0  # 429 and 503 answers
+    throttled: int = 0  # answers that throttle (answer table)
     peak_in_flight: int = 0
     stalls: int = 0  # calls seen in flight past the limit's stall time
     retried: int = 0  # of them, calls lost to the job's own overload and made once more
@@ -274,15 +233,9 @@ class GateStats:
 
 
 class CallGate:
-    """The thread-safe gate every detach call passes: limit, pause, deadline, breakers.
-
-    ``acquire`` blocks until the call may start and returns a :class:`Ticket`, or None when it
-    must not be made (:attr:`calls_stopped`, the run's ``stopped``, the deadline no longer
-    allows a whole call of ``call_seconds``, or a Retry-After pause reaching past that point);
-    ``release`` reports the call's answer. ``on_open`` runs once, on the worker thread whose call
-    opened the outage breaker (it only logs). ``deadline`` is the run's one deadline (its clock
-    is the gate's clock).
-    """
+    """``acquire`` blocks until a call may start (a :class:`Ticket`), or returns None when it
+    must not be made; ``release`` reports its answer. ``on_open`` runs once, on the worker
+    thread whose call opened the outage breaker."""
 
     def __init__(
         self,
@@ -321,27 +274,6 @@ class CallGate:
     def is_open(self) -> bool:
         """The outage breaker is open."""
         return self.outage_breaker.is_open
-
-    @property
-    def is_misrouted(self) -> bool:
-        return self.misroute.is_open
-
-    @property
-    def slots(self) -> int:
-        """Calls the limit lets into flight now."""
-        return self.limit.slots
-
-    @property
-    def failures_at_open(self) -> int:
-        return self.outage_breaker.failures_at_open
-
-    @property
-    def quarantined_404s(self) -> int:
-        return self.misroute.quarantined_404s
-
-    @property
-    def stopped_by_retry_after(self) -> bool:
-        return self.stats.stopped_by_retry_after
 
     @property
     def calls_stopped(self) -> bool:
@@ -422,10 +354,8 @@ class CallGate:
                 self.limit.on_congestion(ticket.epoch, now)
 
     def release(self, ticket: Ticket, row_id: str, answer: Answer) -> bool:
-        """Report a call's answer; True when the call may be made once more: it was lost in
-        transport (timeout, connection error: most often a stalled connection attempt) while
-        the service answered calls started after it, so the service was up and the job's own
-        overload, or the connection, lost it."""
+        """Report a call's answer; True when it may be made once more: lost in transport while
+        the service answered calls started after it (the job's own overload lost it)."""
         opened = False
         with self._cond:
             self._in_flight -= 1
@@ -452,9 +382,7 @@ class CallGate:
                     if until > self._paused_until:
                         self.stats.paused_seconds += until - max(self._paused_until, now)
                         self._paused_until = until
-            # A failure of a call that started before a cut the limit has already made (an
-            # overshoot's burst of refusals, answered at once) is that cut's congestion event,
-            # not more evidence of an outage: it neither extends nor resets the streak.
+            # a failure of a call started before the last cut is that cut's congestion
             stale = not cut and ticket.epoch < self.limit.epoch
             opened = self.outage_breaker.record(row_id, answer.streak, stale=stale)
             self.misroute.record(row_id, answer.route)

@@ -1,25 +1,10 @@
-"""The selections detach call as the job sees it: a small protocol and a plain HTTP client.
+"""The detach call: the HTTP client, and the run's calls on the call pool through its gate.
 
-The job (``snapshot_detach.run``) only knows :class:`DetachClient`; it never sees a URL, a
-header or a credential, and it never sees a response body. :class:`HttpDetachClient` is the
-``requests`` implementation used by the CLI and the tests; ``include.pin_airflow.selections``
-builds the same client from Airflow's ``HttpHook`` and the ``selections_api`` connection.
-
-The call carries the current trace context as a W3C ``traceparent`` header (nothing when no
-span is active), so selections' server spans join the job's trace.
-
-What comes back is a :class:`CallOutcome` (``snapshot_detach_answers``): an HTTP status code,
-or the *class name* of the transport error (``Timeout``, ``ConnectionError``), plus a parsed
-``Retry-After`` where the answer table reads one. Nothing else
-of the exchange is kept, so nothing secret can reach ``last_error`` or a log line.
-
-**Transport**: a call through ``requests`` costs about 1.3 ms of client CPU, one
-through ``urllib3`` (which ``requests`` is built on) about 0.4 ms, and at 16-32 calls in flight
-the job is CPU-bound on a shared machine long before the service is. The client therefore
-reads the session's settings once (auth, headers, ``verify``, ``cert``) and sends the calls
-with one shared ``urllib3.PoolManager`` (kept-alive connections, no transport retries, no
-redirects). A session this cannot reproduce exactly (an auth object other than basic auth,
-proxies, or a CA bundle taken from the environment) keeps the ``requests`` path.
+The run only knows :class:`DetachClient`; it never sees a URL, a header, a credential or a
+response body. A call returns a :class:`CallOutcome` (a status code or the transport error's
+class name, and a ``Retry-After`` where the answer table reads one), so nothing secret can
+reach ``last_error`` or a log line. The current trace context goes out as ``traceparent``.
+``include.pin_airflow.selections`` builds :class:`HttpDetachClient` from Airflow's ``HttpHook``.
 """
 
 from __future__ import annotations
@@ -31,26 +16,41 @@ import math
 import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import requests
 import urllib3
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from requests.adapters import HTTPAdapter
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import NewConnectionError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
-from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome, reads_retry_after
+from include.pin_maintenance.jobs.snapshot_detach_answers import (
+    Answer,
+    CallOutcome,
+    answer_of,
+    decide,
+    reads_retry_after,
+)
+from include.pin_maintenance.jobs.snapshot_detach_gate import CallGate
+from include.pin_maintenance.parallel import Deadline
+from include.pin_maintenance.telemetry import Telemetry, record_error
+
+if TYPE_CHECKING:
+    from include.pin_maintenance.jobs.snapshot_detach import ClaimedRow
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 DETACH_PATH = "/internal/snapshots/{snapshot_id}/detach"
-# A Retry-After further away than this is treated as this (a bogus header must not park a row
-# for a year; the operator sees the 429 in last_error anyway).
+# a bogus Retry-After must not park a row for a year (the 429 is in last_error anyway)
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
-# W3C Trace Context only: no baggage (it could carry anything) goes to selections
-_TRACE_CONTEXT = TraceContextTextMapPropagator()
+POOL_SIZE = 64  # connections kept alive per host (detach_concurrency is at most 64)
+_CA_BUNDLE_ENV = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+_TRACE_CONTEXT = TraceContextTextMapPropagator()  # W3C Trace Context only, no baggage
 
 
 class DetachClient(Protocol):
@@ -63,9 +63,7 @@ class DetachClient(Protocol):
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
     """Seconds asked for by a ``Retry-After`` header (delta-seconds or HTTP-date), or None."""
-    if value is None:
-        return None
-    text = value.strip()
+    text = (value or "").strip()
     if not text:
         return None
     try:
@@ -84,7 +82,6 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 def _outcome(status: int, retry_after: str | None) -> CallOutcome:
-    """An HTTP answer; its ``Retry-After`` only where the answer table reads it."""
     seconds = parse_retry_after(retry_after) if reads_retry_after(status) else None
     return CallOutcome(status_code=status, retry_after_seconds=seconds)
 
@@ -98,23 +95,18 @@ def basic_auth_session(login: str | None, password: str | None) -> requests.Sess
 
 
 def mount_single_connection_adapter(session: requests.Session) -> requests.Session:
-    """One kept-alive connection per session, no transport retries (we retry via the outbox).
-
-    ``max_retries=0`` matters: a silent transport retry of a POST would call selections twice
-    for one claim and hide the failure from ``last_error``.
-    """
+    """One kept-alive connection per session and no transport retries: a silent retry of a
+    POST would call selections twice for one claim and hide the failure from ``last_error``."""
     adapter = HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     return session
 
 
-POOL_SIZE = 64  # connections kept alive per host (detach_concurrency is at most 64)
-_CA_BUNDLE_ENV = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
-
-
 class _PooledTransport:
-    """The calls on one ``urllib3.PoolManager``, with the settings of a ``requests`` session."""
+    """The calls on one ``urllib3.PoolManager`` with a ``requests`` session's settings: a call
+    costs about a third of the CPU of one through ``requests``, and at 16-32 calls in flight
+    the job is CPU-bound long before the service is."""
 
     def __init__(self, headers: dict[str, str], pool: urllib3.PoolManager) -> None:
         self.headers = headers
@@ -122,7 +114,8 @@ class _PooledTransport:
 
     @classmethod
     def from_session(cls, session: requests.Session, base_url: str) -> _PooledTransport | None:
-        """The same request as ``session`` would send, or None when that cannot be promised."""
+        """The same request as ``session`` would send, or None when that cannot be promised
+        (an auth object other than basic auth, proxies, a CA bundle from the environment)."""
         headers = {str(k): str(v) for k, v in session.headers.items()}
         auth = session.auth
         if isinstance(auth, requests.auth.HTTPBasicAuth):
@@ -131,7 +124,7 @@ class _PooledTransport:
             token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode("latin-1")).decode()
             headers["Authorization"] = f"Basic {token}"
         elif auth is not None:
-            return None  # a custom auth object: only requests knows what it does
+            return None
         if session.proxies or (session.trust_env and requests.utils.get_environ_proxies(base_url)):
             return None
         pool_kw: dict[str, Any] = {}
@@ -184,12 +177,9 @@ class _PooledTransport:
 
 
 class HttpDetachClient:
-    """``POST {base_url}/internal/snapshots/{id}/detach`` with one session per worker thread.
-
-    ``session_factory`` makes a configured ``requests.Session`` (auth, TLS, headers). Each
-    thread gets its own session, so connections are reused (keep-alive) without sharing a
-    session between threads.
-    """
+    """``POST {base_url}/internal/snapshots/{id}/detach``; ``session_factory`` makes a
+    configured ``requests.Session`` (auth, TLS, headers), one per worker thread when the
+    pooled transport cannot stand in for it."""
 
     def __init__(self, base_url: str, session_factory: Callable[[], requests.Session]) -> None:
         self.base_url = base_url.rstrip("/")
@@ -228,7 +218,7 @@ class HttpDetachClient:
         if transport is not None:
             return transport.call(url, reason, idempotency_key, timeout)
         headers = {IDEMPOTENCY_HEADER: idempotency_key}
-        _TRACE_CONTEXT.inject(headers)  # the current (CLIENT) span, when there is one
+        _TRACE_CONTEXT.inject(headers)
         try:
             response = self._session().post(
                 url,
@@ -262,3 +252,110 @@ class HttpDetachClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class CallWorkers:
+    """The detach calls of one run on ``pool``, one future per row, each through ``gate``;
+    a future's result is the call's :class:`Answer` (read from the answer table once), or
+    None when no call was made."""
+
+    def __init__(
+        self,
+        pool: ThreadPoolExecutor,
+        gate: CallGate,
+        client: DetachClient,
+        *,
+        deadline: Deadline,
+        call_seconds: float,
+        max_attempts: int,
+        telemetry: Telemetry,
+    ) -> None:
+        self.pool = pool
+        self.gate = gate
+        self.client = client
+        self.deadline = deadline
+        self.call_seconds = call_seconds
+        self.max_attempts = max_attempts
+        self.telemetry = telemetry
+        self.log = telemetry.log
+        self._count_lock = threading.Lock()
+        self._submitted = 0  # calls queued on the pool
+        self._taken = 0  # of them, picked up by a worker
+
+    def submit(self, rows: list[ClaimedRow], parent: Context) -> dict[str, Future]:
+        """Queue the call of each row; row id -> its future."""
+        with self._count_lock:
+            self._submitted += len(rows)
+        return {r.id: self.pool.submit(self._call, r, parent) for r in rows}
+
+    def queued(self) -> int:
+        """Calls queued and not yet picked up by a worker."""
+        with self._count_lock:
+            return self._submitted - self._taken
+
+    def abandon(self, calls: dict[str, Future]) -> None:
+        """Past the deadline with calls still running (a client that ignored its timeout):
+        record them as timed out; the worker thread is left to finish on its own."""
+        for row_id, call in list(calls.items()):
+            if call.done():
+                continue
+            replacement: Future = Future()
+            if call.cancel():  # never started: not called, its attempt is given back
+                replacement.set_result(None)
+            else:
+                replacement.set_result(answer_of(CallOutcome(error_class="Timeout")))
+                self.log.warning("entry_call_abandoned", outbox_id=row_id)
+            calls[row_id] = replacement
+
+    def _call(self, row: ClaimedRow, parent: Context) -> Answer | None:
+        """On a worker thread: the call, made once more when the gate says it was lost in
+        transport while the service answered others (the job's own overload, not the row)."""
+        with self._count_lock:
+            self._taken += 1
+        answer = None
+        for attempt in range(2):
+            ticket = self.gate.acquire()  # waits for a slot (adaptive limit, Retry-After pause)
+            if ticket is None:  # calls stopped, the run stopped, or the deadline reached
+                return answer
+            answer = self._traced_call(row, parent)
+            if not self.gate.release(ticket, row.id, answer) or attempt:
+                return answer
+            self.log.info("entry_call_retried", outbox_id=row.id, error=answer.error_type)
+        return answer
+
+    def _traced_call(self, row: ClaimedRow, parent: Context) -> Answer:
+        """The call as a CLIENT span under its batch's span."""
+        attributes = {
+            "http.request.method": "POST",
+            "url.template": DETACH_PATH,
+            "pin.snapshot_id": row.snapshot_id,
+            "pin.post_id": row.post_id,
+            "pin.attempts": row.attempts,
+        }
+        with self.telemetry.span(
+            "detach snapshot", attributes, kind=SpanKind.CLIENT, context=parent
+        ) as span:
+            answer = answer_of(self._detach(row))  # the one place a call's outcome is read
+            if span.is_recording():
+                decision = decide(answer, row.attempts, self.max_attempts)
+                span.set_attribute("pin.outcome", decision.verdict.value)
+                if answer.status_code is not None:
+                    span.set_attribute("http.response.status_code", answer.status_code)
+                if answer.error_type is not None:
+                    record_error(span, answer.error_type)
+        return answer
+
+    def _detach(self, row: ClaimedRow) -> CallOutcome:
+        try:
+            return self.client.call(
+                row.snapshot_id,
+                row.reason,
+                row.id,
+                # a whole call fitted when it started; never wait past the run's deadline
+                max(self.deadline.timeout(self.call_seconds), 0.001),
+            )
+        except Exception as exc:  # a client bug or infrastructure failure: this row only
+            self.log.error(
+                "entry_call_failed", snapshot_id=row.snapshot_id, error=type(exc).__name__
+            )
+            return CallOutcome(error_class=f"ClientError:{type(exc).__name__}")
