@@ -203,34 +203,20 @@ def plan_outcome(row: ClaimedRow, decision: Decision, now: datetime) -> OutcomeP
     """What ``decision`` writes to ``row`` (pure). Given back (not called, 401/403, misrouted):
     attempts and due time as before the claim; an outage keeps the claim's backoff."""
     verdict = decision.verdict
-    given_back = row.attempts - 1
-    if verdict is Verdict.OUTAGE:
-        next_at = _not_before_retry_after(row.next_attempt_at, decision, now)
-        return OutcomePlan(row, decision, "Pending", given_back, next_at, decision.error)
+    status, attempts, next_at, error = "Pending", row.attempts, row.next_attempt_at, decision.error
     if verdict in (Verdict.NOT_CALLED, Verdict.AUTH_FAILED, Verdict.MISROUTED):
-        return OutcomePlan(
-            row,
-            decision,
-            "Pending",
-            given_back,
-            row.previous_next_attempt_at,
-            decision.error,
-            keep_last_error=verdict is Verdict.NOT_CALLED,
-        )
-    if verdict is Verdict.DONE:
-        return OutcomePlan(row, decision, "Done", row.attempts, row.next_attempt_at, None)
-    if verdict is Verdict.QUARANTINE:
-        return OutcomePlan(
-            row, decision, "Quarantined", row.attempts, row.next_attempt_at, decision.error
-        )
-    next_at = _not_before_retry_after(row.next_attempt_at, decision, now)
-    return OutcomePlan(row, decision, "Pending", row.attempts, next_at, decision.error)
-
-
-def _not_before_retry_after(next_at: datetime, decision: Decision, now: datetime) -> datetime:
-    if decision.retry_after_seconds is None:
-        return next_at
-    return max(next_at, now + timedelta(seconds=decision.retry_after_seconds))
+        attempts, next_at = row.attempts - 1, row.previous_next_attempt_at
+    elif verdict is Verdict.DONE:
+        status, error = "Done", None
+    elif verdict is Verdict.QUARANTINE:
+        status = "Quarantined"
+    else:  # retry, or an outage: the attempt given back, the claim's backoff kept
+        if verdict is Verdict.OUTAGE:
+            attempts = row.attempts - 1
+        if decision.retry_after_seconds is not None:
+            next_at = max(next_at, now + timedelta(seconds=decision.retry_after_seconds))
+    keep = verdict is Verdict.NOT_CALLED
+    return OutcomePlan(row, decision, status, attempts, next_at, error, keep_last_error=keep)
 
 
 def pg_array(values: Iterable[Any]) -> str:
@@ -973,17 +959,10 @@ class _Run:
 # --------------------------------------------------------------------------------------------
 # command line: the job without Airflow (python -m include.pin_maintenance.jobs.snapshot_detach)
 
-CLI_DESCRIPTION = """Run the detach retry job once without Airflow.
-
-``python -m include.pin_maintenance.jobs.snapshot_detach --db-url postgresql://user@host/news \
---selections-url http://127.0.0.1:8080 --login pin-maintenance --password-env SELECTIONS_PASSWORD \
-[--config '{"batch_size": 50}'] [--dry-run]``
-
-The passwords are read from the environment, never from the command line (which any local
-user can see in ``ps``): the selections one from ``--password-env``, the database one from
-libpq's own sources (``PGPASSWORD``, ``~/.pgpass``, ``.pg_service.conf``) or
-``--db-password-env``; a password in ``--db-url`` is refused. SIGTERM stops the run between
-rows (exit code 3).
+CLI_DESCRIPTION = """\
+Run SnapshotDetachRetryJob once against the news database (no Airflow needed).
+The selections password is read from the variable --password-env names, never from the
+command line (which any local user can see in ps). SIGTERM stops the run between rows (exit 3).
 """
 
 

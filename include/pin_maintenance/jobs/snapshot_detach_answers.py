@@ -193,14 +193,8 @@ class Decision:
     @property
     def is_failed_call(self) -> bool:
         """A call was made and did not succeed (news_snapshot_detach_failed_total)."""
-        failed = (
-            Verdict.RETRY,
-            Verdict.QUARANTINE,
-            Verdict.AUTH_FAILED,
-            Verdict.OUTAGE,
-            Verdict.MISROUTED,
-        )
-        return self.verdict in failed and self.error != "UnknownReason"
+        called = self.verdict not in (Verdict.DONE, Verdict.NOT_CALLED)
+        return called and self.error != "UnknownReason"
 
 
 def decide(
