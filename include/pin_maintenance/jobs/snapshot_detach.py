@@ -330,7 +330,7 @@ class _PoolAlerts:
     def _deliver(self, alert: Alert) -> None:
         try:
             self._sink.send(alert)
-        except Exception as exc:  # a sink failure must not lose the alerts behind it
+        except Exception as exc:  # a failing sink is logged, the other alerts still go out
             self._log.error("alert_failed", alert=alert.name, error=type(exc).__name__)
 
     def flush(self, seconds: float) -> int:
