@@ -204,3 +204,41 @@ def test_the_lease_must_exceed_the_worst_case_run(overrides, ok):
     else:
         with pytest.raises(ConfigError, match=r"lock_ttl_seconds.*worst-case run"):
             CONFIG.resolve(None, overrides)
+
+
+def test_pool_alerts_wait_within_their_bound_and_log_a_failing_sink(caplog):
+    import logging
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from include.pin_maintenance.jobs.snapshot_detach import PoolAlerts
+    from include.pin_maintenance.telemetry import Alert, JobLog
+
+    release = threading.Event()
+    sent = []
+
+    class Sink:
+        def send(self, alert):
+            if alert.name == "broken":
+                raise RuntimeError("webhook down")
+            if alert.name == "slow":
+                release.wait(10)
+            sent.append(alert.name)
+
+    caplog.set_level(logging.ERROR)
+    pool = ThreadPoolExecutor(max_workers=2)
+    try:
+        alerts = PoolAlerts(Sink(), pool, JobLog("news_snapshot_detach_retry", "t"))
+        started = time.monotonic()
+        for name in ("broken", "ok", "slow"):
+            alerts.send(Alert(name, "warning", name, {}))
+        assert alerts.flush(0.3) == 1  # the slow one is still out; send() never waited
+        assert time.monotonic() - started < 2
+        assert "ok" in sent and "slow" not in sent
+        assert any("event=alert_failed" in r.getMessage() for r in caplog.records)
+        release.set()
+        assert alerts.flush(5) == 0
+    finally:
+        release.set()
+        pool.shutdown(wait=True)

@@ -315,7 +315,7 @@ def _read_one(connect: Connect, query: str, now: datetime) -> Any:
         conn.close()
 
 
-class _PoolAlerts:
+class PoolAlerts:
     """Alerts sent on the run's call pool, so a slow webhook never stretches the run."""
 
     def __init__(self, sink: AlertSink, pool: ThreadPoolExecutor, log: JobLog) -> None:
@@ -427,7 +427,7 @@ class _Run:
         self.pool = ThreadPoolExecutor(
             max_workers=config.detach_concurrency, thread_name_prefix="detach"
         )
-        self.alerts = _PoolAlerts(telemetry.alerts, self.pool, telemetry.log)
+        self.alerts = PoolAlerts(telemetry.alerts, self.pool, telemetry.log)
         self.quarantine_alerts = CappedAlerts(self.alerts)
         self.deadline = Deadline(worst_case_run_seconds(config), clock=monotonic)  # reset per run
         self.gate: CallGate | None = None  # made when the pipeline starts
