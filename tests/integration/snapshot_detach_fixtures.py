@@ -11,11 +11,11 @@ from typing import Any
 from devtools.pg import Database
 from devtools.selections_service import DEFAULT_LOGIN, DEFAULT_PASSWORD, SelectionsService
 from include.pin_maintenance.jobs import snapshot_detach
+from include.pin_maintenance.jobs.snapshot_detach_config import DetachConfig
 from include.pin_maintenance.jobs.snapshot_detach_http import (
     HttpDetachClient,
     basic_auth_session,
 )
-from include.pin_maintenance.jobs.snapshot_detach_config import DetachConfig
 from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 from tests.job_db import job_connect, job_telemetry

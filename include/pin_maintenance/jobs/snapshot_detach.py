@@ -32,6 +32,7 @@ from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 from opentelemetry import trace
