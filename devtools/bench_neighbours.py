@@ -820,6 +820,8 @@ def _report(bench: Bench, cases: list[Case], settings: str, out: list[str]) -> N
         f"Lag samples: longest gap between two samples in any window {_secs(max(gaps))} "
         f"(target {SAMPLE_SECONDS:g} s, at least every 0.5 s)."
     )
+    if not any(case.loaded for case in cases):
+        return  # alone only (--neighbour-alone): no trade-off to draw
     out.append("")
     out.append(
         "Trade-off (one point per case, medians): what the services' p99 costs against the "
