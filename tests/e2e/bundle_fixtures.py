@@ -31,8 +31,8 @@ from tests.e2e.stack_fixtures import (
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = "pin-maintenance"
 SLOT_CONFIG = "include/pin_maintenance/jobs/slot_expiration_config.py"
-DEFAULT_BATCH = '"batch_size",\n            500,'
-PUSHED_BATCH = '"batch_size",\n            7,'
+DEFAULT_BATCH = "batch_size: int = setting(\n        500,"
+PUSHED_BATCH = "batch_size: int = setting(\n        7,"
 LATE_DAG = jc.RETENTION
 GIT_ID = ["-c", "user.name=pin-e2e", "-c", "user.email=pin-e2e@localhost"]
 
