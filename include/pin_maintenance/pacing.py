@@ -11,6 +11,7 @@ ties them together for :func:`parallel.run_batch_loops`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import statistics
 import threading
 import time
@@ -337,12 +338,11 @@ class Pacer:
             self._history.append(reading)
             while reading.at - self._history[0].at > HISTORY_SECONDS:
                 self._history.popleft()
-            recent = [
-                r.others_active
-                for r in self._history
-                if reading.at - r.at <= NEIGHBOURS_WINDOW_SECONDS
-            ]
-            self._shared = database_shared(recent)
+            # newest first, up to the window: the history holds an hour of probes
+            recent = itertools.takewhile(
+                lambda r: reading.at - r.at <= NEIGHBOURS_WINDOW_SECONDS, reversed(self._history)
+            )
+            self._shared = database_shared([r.others_active for r in recent])
 
     def _replica_behind(self) -> float:
         """Seconds the replica is behind, or will be once it replays what it has received: that
