@@ -444,12 +444,20 @@ def test_two_runners_share_a_backlog_and_expire_each_slot_once(
     result = run_job(slots_db, {**DRAIN, "batch_size": 50, "runners": 2})
 
     assert (result.expired_count, result.runners, result.stop_reason) == (3000, 2, "drained")
-    assert result.batches >= 3000 // 50 + 2  # 60 full batches plus one short batch per runner
     state = table_state(slots_db)
     assert {state[i][:3] for i in ids} == {("Expired", 2, NOW)}  # version + 1, exactly once
-    runners = {r.getMessage().split("runner=")[1].split()[0] for r in caplog.records
-               if "event=batch_selected" in r.getMessage()}  # fmt: skip
-    assert runners == {"1", "2"}
+    counts: dict[str, list[int]] = {}
+    for record in caplog.records:
+        if "event=batch_selected" in record.getMessage():
+            fields = dict(f.split("=", 1) for f in record.getMessage().split() if "=" in f)
+            counts.setdefault(fields["runner"], []).append(int(fields["count"]))
+    assert set(counts) == {"1", "2"}
+    # each runner took full batches and ended on one short batch (empty, or short because the
+    # other runner held the rest of its rows), and together they took every slot once
+    for taken in counts.values():
+        assert all(count == 50 for count in taken[:-1]) and taken[-1] < 50, counts
+    assert sum(map(sum, counts.values())) == 3000
+    assert result.batches == sum(map(len, counts.values())) >= 3000 // 50 + 1
 
 
 def test_a_single_batch_backlog_starts_no_second_runner(slots_db: Database):
