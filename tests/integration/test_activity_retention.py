@@ -32,6 +32,8 @@ from devtools.retention_data import (
 )
 from include.pin_maintenance.db import SessionSettings, advisory_lock
 from include.pin_maintenance.jobs import activity_retention as job
+from include.pin_maintenance.jobs.activity_retention_config import CANCEL_TIMEOUT_SECONDS
+from include.pin_maintenance.jobs.activity_retention_walk import BatchFailed
 from include.pin_maintenance.pacing_config import PACING_OFF
 from include.pin_maintenance.stopping import JobCancelled, StopSignal
 from include.pin_maintenance.telemetry import RecordingMetrics
@@ -44,9 +46,9 @@ UNPACED = PACING_OFF
 REPO = Path(__file__).resolve().parents[2]
 # The clean-stop bound the tests hold the job to: from the first exception in any loop until
 # the step has returned with every connection closed. The job's own bound is one cancel round
-# trip per loop (job.CANCEL_TIMEOUT_SECONDS at most) and a rollback; measured well under 1 s.
+# trip per loop (CANCEL_TIMEOUT_SECONDS at most) and a rollback; measured well under 1 s.
 # A blocked statement would otherwise wait for its 120 s lock_timeout.
-STOP_BOUND_SECONDS = 2 * job.CANCEL_TIMEOUT_SECONDS
+STOP_BOUND_SECONDS = 2 * CANCEL_TIMEOUT_SECONDS
 TABLES = ("sessions", "property_object_views", "action_events", "property_object_view_stats")
 
 
@@ -274,7 +276,7 @@ def test_partial_failure_keeps_earlier_batches_and_the_next_run_finishes(db, see
 
     # one loop: the seed's "batches 1..N-1 committed" exactly (with several loops the committed
     # batches are any subset: test_a_failed_batch_with_several_loops_leaves_whole_batches)
-    with pytest.raises(job.BatchFailed, match="batch 2"):
+    with pytest.raises(BatchFailed, match="batch 2"):
         job.run(job_connect(db, job.JOB), config(batch_size=5, runners=1), tel, StopSignal())
 
     # batches 1..2 (sessions 1..10) committed, batch 3 and later untouched
@@ -933,7 +935,7 @@ def test_a_failed_batch_with_several_loops_leaves_whole_batches(db, seeded):
         conn.commit()
     tel = job_telemetry(job.JOB)
 
-    with pytest.raises(job.BatchFailed, match="RaiseException P0001"):
+    with pytest.raises(BatchFailed, match="RaiseException P0001"):
         job.run(job_connect(db, job.JOB), config(batch_size=5, runners=3), tel, StopSignal())
 
     left = existing(db, "action_events", "session_id", ids(1, 30))

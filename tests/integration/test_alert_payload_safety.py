@@ -30,6 +30,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from devtools.retention_data import insert_event, insert_session
 from include.pin_airflow.alerts import on_task_failed
 from include.pin_maintenance.jobs import activity_retention, slot_expiration
+from include.pin_maintenance.jobs.activity_retention_walk import BatchFailed
 from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 from pin_maintenance_plugin.notify import Notifier
@@ -119,7 +120,7 @@ def test_a_trigger_raise_reaches_no_alert_of_retention(db, sinks: Sinks) -> None
     connect = job_connect(db, activity_retention.JOB)
     config = activity_retention.CONFIG.resolve(None, None)
     tel = telemetry(activity_retention.JOB, "scheduled__x")
-    with pytest.raises(activity_retention.BatchFailed) as failed:
+    with pytest.raises(BatchFailed) as failed:
         activity_retention.run(connect, config, tel, StopSignal())
     assert SECRET in str(failed.value.__cause__)  # the real error does carry both strings
     assert str(event_id) in str(failed.value.__cause__)

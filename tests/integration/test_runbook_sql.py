@@ -27,6 +27,7 @@ from devtools.selections_service import SelectionsService
 from include.pin_maintenance import sql
 from include.pin_maintenance.db import advisory_lock, lock_key
 from include.pin_maintenance.jobs import activity_retention, slot_expiration, snapshot_detach
+from include.pin_maintenance.jobs.activity_retention_walk import BatchFailed
 from include.pin_maintenance.jobs.slot_expiration_batch import COUNT_CAP
 from include.pin_maintenance.stopping import StopSignal
 from tests.integration.runbook_sql import RUNBOOKS, Block, psql_binary, run_psql, sql_blocks
@@ -259,7 +260,7 @@ def _failed_batch(db: Database, block: Block) -> None:
     telemetry = job_telemetry(activity_retention.JOB, "runbook")
     cfg = activity_retention.CONFIG.resolve(None, {"batch_size": 5})
     plan = activity_retention.prepare(connect, cfg, telemetry)
-    with pytest.raises(activity_retention.BatchFailed):
+    with pytest.raises(BatchFailed):
         activity_retention.delete_step(connect, plan, "sessions", telemetry, StopSignal())
     [alert] = telemetry.alerts.sent
     assert alert.name == "retention_batch_failed"

@@ -12,6 +12,7 @@ import pytest
 from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs import activity_retention as job
+from include.pin_maintenance.jobs.activity_retention_config import STOP_GRACE_SECONDS
 from include.pin_maintenance.jobs.activity_retention_plan import _COUNT_SQL, _DELETE_SQL, _KEY_START
 from include.pin_maintenance.jobs.activity_retention_walk import _sample_ids
 from include.pin_maintenance.stopping import StopReason
@@ -236,7 +237,7 @@ def test_a_later_step_covers_what_the_step_before_it_covered(step, covered):
 def test_lock_alert_threshold_is_the_lease_not_the_run_budget():
     """A step of a live run holds the lock up to its lease; only a holder past it alerts."""
     assert job.lock_lease_seconds(PLAN) == 1800 + job.LOCK_TTL_MARGIN_SECONDS
-    worst_step = PLAN.config.max_run_duration_seconds + job.STOP_GRACE_SECONDS
+    worst_step = PLAN.config.max_run_duration_seconds + STOP_GRACE_SECONDS
     assert worst_step < job.lock_lease_seconds(PLAN)
 
 

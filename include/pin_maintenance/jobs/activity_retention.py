@@ -89,11 +89,9 @@ import psycopg
 from include.pin_maintenance import cli, privileges, sql
 from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
 from include.pin_maintenance.jobs.activity_retention_config import (
-    CANCEL_TIMEOUT_SECONDS,
     CONFIG,
     JOB,
     STEP_DEADLINE_SHARE,
-    STOP_GRACE_SECONDS,
     RetentionConfig,
 )
 from include.pin_maintenance.jobs.activity_retention_plan import (
@@ -105,48 +103,35 @@ from include.pin_maintenance.jobs.activity_retention_plan import (
     M_ELIGIBLE_BACKLOG,
     M_LOCK_CONTENTION,
     M_PACED_PREFIX,
+    M_RUN_DURATION,
     SESSION_SETTINGS,
-    SPEC,
     TABLES,
     RetentionResult,
     RunPlan,
     StepResult,
 )
-from include.pin_maintenance.jobs.activity_retention_walk import BatchFailed, KeysetWalk
-from include.pin_maintenance.lifecycle import JobRun, job_run
-from include.pin_maintenance.pacing import Pacer, PacingLimits
+from include.pin_maintenance.jobs.activity_retention_walk import KeysetWalk
+from include.pin_maintenance.lifecycle import JobMetrics, JobRun, JobSpec, job_run
+from include.pin_maintenance.pacing import Pacer, PacingLimits, paced_metrics
 from include.pin_maintenance.parallel import Deadline
 from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry, set_result
 
-# What the DAG, the CLI, devtools and the tests reach through this module (the job's parts
-# live in activity_retention_plan and activity_retention_walk).
-__all__ = [
-    "CANCEL_TIMEOUT_SECONDS",
-    "CONFIG",
-    "DELETED_METRIC",
-    "JOB",
-    "LOCK_NAME",
-    "LOCK_TTL_MARGIN_SECONDS",
-    "M_BATCHES",
-    "M_LOCK_CONTENTION",
-    "SESSION_SETTINGS",
-    "STEP_DEADLINE_SHARE",
-    "STOP_GRACE_SECONDS",
-    "TABLES",
-    "BatchFailed",
-    "Connect",
-    "RetentionResult",
-    "RunPlan",
-    "StepResult",
-    "delete_step",
-    "lock_lease_seconds",
-    "main",
-    "prepare",
-    "report",
-    "run",
-    "step_deadline",
-]
+SPEC = JobSpec(
+    job=JOB,
+    config=CONFIG,
+    metrics=JobMetrics(
+        counters=(
+            *DELETED_METRIC.values(),
+            M_BATCHES,
+            M_LOCK_CONTENTION,
+            *paced_metrics(M_PACED_PREFIX),
+        ),
+        duration=M_RUN_DURATION,
+        last_success="activity_retention_last_success_timestamp_seconds",
+        lock_contention=M_LOCK_CONTENTION,
+    ),
+)
 
 
 def step_deadline(plan: RunPlan, table: str) -> datetime:

@@ -15,12 +15,9 @@ from typing import Any
 from include.pin_maintenance.db import SessionSettings
 from include.pin_maintenance.jobs.activity_retention_config import (
     CONFIG,
-    JOB,
     STATEMENT_TIMEOUT_SECONDS,
     RetentionConfig,
 )
-from include.pin_maintenance.lifecycle import JobMetrics, JobSpec
-from include.pin_maintenance.pacing import paced_metrics
 from include.pin_maintenance.stopping import StopReason
 
 LOCK_NAME = "job:scheduled:activity-retention"
@@ -57,22 +54,6 @@ DELETED_METRIC = {
     "property_object_views": "activity_retention_deleted_property_object_views",
     "sessions": "activity_retention_deleted_sessions",
 }
-
-SPEC = JobSpec(
-    job=JOB,
-    config=CONFIG,
-    metrics=JobMetrics(
-        counters=(
-            *DELETED_METRIC.values(),
-            M_BATCHES,
-            M_LOCK_CONTENTION,
-            *paced_metrics(M_PACED_PREFIX),
-        ),
-        duration=M_RUN_DURATION,
-        last_success="activity_retention_last_success_timestamp_seconds",
-        lock_contention=M_LOCK_CONTENTION,
-    ),
-)
 
 # Keyset start and end: before / after every possible (ended_at, id).
 _KEY_START = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))

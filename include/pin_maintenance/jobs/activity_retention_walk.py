@@ -41,6 +41,7 @@ from psycopg import pq
 from include.pin_maintenance import sql
 from include.pin_maintenance.jobs.activity_retention_config import (
     CANCEL_TIMEOUT_SECONDS,
+    JOB,
     STOP_GRACE_SECONDS,
 )
 from include.pin_maintenance.jobs.activity_retention_plan import (
@@ -49,7 +50,6 @@ from include.pin_maintenance.jobs.activity_retention_plan import (
     _KEY_END,
     _KEY_START,
     DELETED_METRIC,
-    JOB,
     M_BATCHES,
     RunPlan,
     StepResult,
