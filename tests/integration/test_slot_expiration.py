@@ -539,8 +539,8 @@ def test_a_failing_runner_fails_the_run_and_cancels_its_siblings_batch_in_hand(
         with slots_db.connect(autocommit=True) as admin:
             admin.execute("select pg_terminate_backend(%s)", (victim,))
         wait_for(
-            lambda: any("event=runner_failed" in r.getMessage() for r in caplog.records),
-            "the cycle to notice the failed runner",
+            lambda: any("event=job_failed" in r.getMessage() for r in caplog.records),
+            "the cycle to fail on the failed runner",
         )
         # the sibling did not wait for the gate: its statement was cancelled (run_lanes' cancel
         # hook), its batch rolled back whole

@@ -23,6 +23,7 @@ from psycopg import sql
 from devtools.pg import Database
 from include.pin_maintenance.jobs import slot_expiration as se
 from include.pin_maintenance.jobs.slot_expiration_batch import M_ERRORS, POISON_ALERT
+from include.pin_maintenance.lifecycle import MAX_ROW_ALERTS_PER_RUN
 from tests.integration.slot_expiration_fixtures import (
     DRAIN,
     NOW,
@@ -122,7 +123,7 @@ def test_more_poison_rows_than_the_alert_cap_are_all_logged_and_counted_but_20_a
     with caplog.at_level(logging.ERROR, logger=LOGGER):
         result = run_job(slots_db, {**DRAIN, "batch_size": 100, "runners": 1}, run=run)
 
-    assert len(bad) == 25 > se.MAX_POISON_ALERTS_PER_CYCLE == 20
+    assert len(bad) == 25 > MAX_ROW_ALERTS_PER_RUN == 20
     assert len(result.poison) == 25
     assert run.metrics.counters[M_ERRORS] == 25
     failed = [r.getMessage() for r in caplog.records if "event=item_failed" in r.getMessage()]

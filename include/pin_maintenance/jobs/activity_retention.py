@@ -5,7 +5,7 @@ What is deleted: ``user_activity.sessions`` with ``status = 'Inactive' and ended
 ``action_events`` and ``property_object_views``. ``property_object_view_stats`` is never read
 or written (INV-LVS-002: the aggregate outlives the raw views).
 
-Shape (docs/design.md, "How a run flows"): one run is
+One run is
 
 1. :func:`prepare`: takes the config validated by ``CONFIG.resolve`` (which raises
    ``ConfigError`` before any connection is opened), computes the cutoff and the run deadline
@@ -14,62 +14,28 @@ Shape (docs/design.md, "How a run flows"): one run is
 2. :func:`delete_step` three times, in FK order: ``action_events``, ``property_object_views``,
    ``sessions``. Each step walks the eligible sessions oldest first in batches of
    ``batch_size`` ids (keyset on ``(ended_at, id)``, ``FOR UPDATE SKIP LOCKED``), one
-   transaction per batch, and deletes its own table's rows of that batch by ``session_id``.
-   With ``runners`` > 1 (default 3) a step runs that many independent batch loops, one
-   connection each (:class:`~include.pin_maintenance.jobs.activity_retention_walk.KeysetWalk`
-   on :func:`~include.pin_maintenance.parallel.run_batch_loops`): only the claim of the next
-   batch is serialised; each loop deletes and commits its batch on its own, and no loop ever
-   waits for another with a transaction open. The ``sessions`` step deletes only sessions of
-   the batch that have no child rows left (``NOT EXISTS`` on both child tables), so it never
-   hits the RESTRICT foreign keys and never removes a session whose children an earlier step
-   left behind (bounded, failed or skipped); those stay eligible and the next run finishes
-   them (data-driven resume, no checkpoint). That guard is why commits need no order: any
-   subset of committed batches is a safe state.
+   transaction per batch, with ``runners`` independent batch loops
+   (:class:`~include.pin_maintenance.jobs.activity_retention_walk.KeysetWalk`). The
+   ``sessions`` step deletes only sessions of the batch that have no child rows left, so it
+   never hits the RESTRICT foreign keys, and any subset of committed batches is a safe state:
+   what a bounded, failed or skipped step left stays eligible for the next run (data-driven
+   resume, no checkpoint).
 3. :func:`report`: the seed's result ``{DeletedSessions, ..., HasMore}``, the
    ``job_completed`` line and the run-level metrics.
 
-Each of them is one phase of the run's lifecycle (``job_run``): ``prepare`` logs
-``job_started``, ``report`` ``job_completed``. :func:`run` does all of that in one process
-(tests, the CLI); the DAG runs each step as its own task.
+Each is one phase of the run's lifecycle (``job_run``): ``prepare`` logs ``job_started``,
+``report`` ``job_completed``. :func:`run` does all of it in one process (tests, the CLI); the
+DAG runs each step as its own task, each taking the advisory lock
+``job:scheduled:activity-retention`` for itself, as a lease of
+``max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS``; the row locks alone already make two
+lock-less runs delete every row exactly once (seed, "Duplicate run").
 
-Why a keyset walk instead of "sessions that still have children": every step of a run walks
-the same ordered prefix of the eligible set (at most ``max_batches_per_run`` batches), so
-the sessions step sees exactly the sessions the child steps cleaned. A filter such as
-``EXISTS (children)`` would re-scan, batch after batch, the already cleaned head of the set
-(quadratic over a run), while the keyset makes each batch one index range read. Only the last
-key of a batch is carried to the next one, and the batch's ids live in memory only while that
-batch runs: memory stays flat whatever the backlog.
-
-Time budget: ``max_run_duration_seconds`` bounds the whole run. ``prepare`` fixes the deadline
-on the server clock; the budget is split between the steps (:data:`STEP_DEADLINE_SHARE`:
-``action_events`` claims for the first fifth of the window, ``property_object_views``
-until 50 %, ``sessions`` until the run deadline), and each later step covers no session past
-the last one the step before it covered (``after``). So a backlog night deletes whole sessions:
-what the first step cleared, the later ones finish. Each step still runs its first batch, so a
-run whose earlier tasks (or Airflow's scheduling) used up the budget still makes progress.
-``max_batches_per_run`` bounds the batches each step claims, all its loops together, so all
-three cover the same prefix of the eligible set.
-
-Clean stop (the walk's module has the details): any exception in any batch loop cancels
-every loop's statement in flight, rolls back every batch not committed and closes every
-connection; the step then raises the original exception. Measured: the step returns within
-0.05 s of the exception; the bound is one cancel round trip per loop (at most
-``CANCEL_TIMEOUT_SECONDS`` each, sent one after the other), and the join never waits longer
-than ``STOP_GRACE_SECONDS`` for a loop that does not stop.
-
-Why SKIP LOCKED and the advisory lock both: the lock ``job:scheduled:activity-retention`` keeps
-a second deployment, a manual ``airflow tasks test`` or an old worker out; the row locks make
-even two lock-less runs delete every row exactly once (seed, "Duplicate run"). In the DAG each
-delete task takes the lock for itself (tasks are separate processes); a runner slipping in
-between two tasks is harmless for the same reasons.
-
-Lock TTL: each delete step holds the lock on its own connection for as long as it runs, as a
-lease of ``max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS``. A step checks its budget
-between batches only, so it can overrun the run deadline by at most one batch: two
-statements, each bounded by ``statement_timeout`` (``SESSION_SETTINGS``, 2 x 120 s < 300 s
-margin); with several loops the batches in flight run side by side and wait for nothing but
-their own statements. A holder that hangs longer loses the lock to the server, so it cannot
-block later runs. ``lock_held_too_long`` fires only for a holder older than that lease.
+Every step of a run walks the same ordered prefix of the eligible set (at most
+``max_batches_per_run`` batches, and each later step covers no session past the last one the
+step before it covered), so the sessions step sees exactly the sessions the child steps
+cleaned. The run's time budget is split between the steps (:data:`STEP_DEADLINE_SHARE`); each
+step still runs its first batch, so a run always makes progress. Why the loops, the budget
+split, the stop bound and the lock lease are as they are: docs/design/retention.md.
 """
 
 from __future__ import annotations

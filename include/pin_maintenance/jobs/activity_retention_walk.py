@@ -2,23 +2,12 @@
 
 Each loop (a lane of :func:`~include.pin_maintenance.parallel.run_batch_loops`, one
 connection each) repeats one batch: claim the next sessions, delete its table's rows of them,
-commit. Only the claim is serialised: a loop takes the walk's claim lock, locks the next
-``batch_size`` sessions after the shared keyset position (``FOR UPDATE SKIP LOCKED``, in its
-own transaction), moves the position on and lets go. Its delete and commit then run on their
-own: no loop ever waits for another loop with a transaction open, and no loop holds a
-transaction open between batches (a pooler in transaction mode can always hand its server
-connection to the loop that needs one).
-
-Commits are not ordered: with a failure the committed batches are any subset of the claimed
-ones. That is safe: every batch is atomic, the sessions step deletes only sessions without
-children, and the next run finishes what is left (data-driven resume).
-
-Stops. The shared loop checks the bounds between batches (``max_batches_per_run`` through
-its :class:`~include.pin_maintenance.parallel.BatchBudget`, the step's deadline except for the
-first batch, a stop request); the batches in hand finish and commit. Any exception in any loop,
-``BaseException`` included (the Task SDK's ``AirflowTaskTimeout``), cancels the crew: every
-loop's statement in flight is cancelled on the server (``conn.cancel_safe``), every batch not
-yet committed rolls back, and the first exception is re-raised once every loop has stopped.
+commit. Only the claim is serialised (the walk's claim lock, held for one ``FOR UPDATE SKIP
+LOCKED`` range read while the shared keyset position moves on); no loop ever waits for another
+with a transaction open, and commits are not ordered: any subset of committed batches is safe
+because every batch is atomic and the sessions step deletes only childless sessions. Any
+exception in any loop aborts the walk (no batch commits after it) and cancels every loop's
+statement in flight; docs/design/retention.md says why and what bounds the stop.
 """
 
 from __future__ import annotations

@@ -39,10 +39,10 @@ The password comes from ``PGPASSWORD``, ``~/.pgpass`` / ``PGPASSFILE``, a servic
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -68,7 +68,6 @@ from include.pin_maintenance.jobs.slot_expiration_config import (
     SlotConfig,
 )
 from include.pin_maintenance.lifecycle import (
-    MAX_ROW_ALERTS_PER_RUN,
     CappedAlerts,
     JobMetrics,
     JobRun,
@@ -111,10 +110,6 @@ SPEC = JobSpec(
         last_success=M_LAST_SUCCESS,
     ),
 )
-
-# A trigger that rejects every row would otherwise raise one alert per slot; past this many in
-# one cycle the rest are only logged and counted (errors_total keeps the true number).
-MAX_POISON_ALERTS_PER_CYCLE = MAX_ROW_ALERTS_PER_RUN
 
 
 @dataclass(frozen=True)
@@ -191,7 +186,7 @@ def run(
         )
         try:
             privileges.require(connect, JOB, telemetry)  # before any write
-            with _session(connect) as conn:
+            with contextlib.closing(_open(connect)) as conn:
                 if dry_run:
                     return _dry_run(conn, cycle, job, started=started, clock=clock, now=now)
                 loops = BatchLoops(
@@ -310,7 +305,9 @@ class BatchLoops:
                 batch_size=cycle.batch_size,
             )
         self.budget = BatchBudget(max_batches, cycle.batch_size)
-        self.alerts = CappedAlerts(telemetry.alerts, cap=MAX_POISON_ALERTS_PER_CYCLE)
+        # a trigger that rejects every row alerts a capped number of times (errors_total
+        # keeps the true number)
+        self.alerts = CappedAlerts(telemetry.alerts)
         self.positions = [KeysetPosition(1)]  # one per loop started; the first's is the caller's
 
     @property
@@ -342,10 +339,6 @@ class BatchLoops:
                 grace_seconds=STOP_GRACE_SECONDS,
                 pacing=self.pacer,
             )
-        except BaseException as exc:
-            if side:
-                self.telemetry.log.warning("runner_failed", error=describe_error(exc))
-            raise
         finally:
             for side_conn in side:
                 side_conn.close()
@@ -422,16 +415,6 @@ def _open(connect: Connect) -> psycopg.Connection:
         conn.close()
         raise
     return conn
-
-
-@contextmanager
-def _session(connect: Connect) -> Iterator[psycopg.Connection]:
-    """The cycle's first connection, closed at the end whatever happens."""
-    conn = _open(connect)
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _dry_run(
