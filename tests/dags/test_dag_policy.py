@@ -192,7 +192,7 @@ def _result_keys() -> dict[str, set[str]]:
     """Every key of each DAG's result (its last task's XCom), from the job's own result type."""
     from datetime import UTC, datetime
 
-    from include.pin_maintenance.jobs.activity_retention_plan import RetentionResult
+    from include.pin_maintenance.jobs.activity_retention import RetentionResult
     from include.pin_maintenance.jobs.slot_expiration import ExpirationResult
     from include.pin_maintenance.jobs.snapshot_detach import DetachResult
     from include.pin_maintenance.jobs.snapshot_requeue import RequeueResult

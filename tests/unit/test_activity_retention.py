@@ -13,8 +13,12 @@ from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.jobs.activity_retention_config import STOP_GRACE_SECONDS
-from include.pin_maintenance.jobs.activity_retention_plan import _COUNT_SQL, _DELETE_SQL, _KEY_START
-from include.pin_maintenance.jobs.activity_retention_walk import _sample_ids
+from include.pin_maintenance.jobs.activity_retention_walk import (
+    _COUNT_SQL,
+    _DELETE_SQL,
+    KEY_START,
+    _sample_ids,
+)
 from include.pin_maintenance.stopping import StopReason
 from tests.job_db import job_telemetry
 
@@ -227,7 +231,7 @@ def test_each_step_stops_at_its_share_of_the_run_and_the_last_at_the_run_deadlin
             (datetime(2025, 1, 1, tzinfo=UTC), uuid.UUID(int=7)),
         ),
         # a busy lock: it covered nothing, nor do the later steps
-        (job.StepResult("action_events", lock_skipped=True), _KEY_START),
+        (job.StepResult("action_events", lock_skipped=True), KEY_START),
     ],
 )
 def test_a_later_step_covers_what_the_step_before_it_covered(step, covered):

@@ -42,46 +42,60 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 
 from include.pin_maintenance import cli, privileges, sql
-from include.pin_maintenance.db import Connect, advisory_lock, require_server_connections
+from include.pin_maintenance.db import (
+    Connect,
+    SessionSettings,
+    advisory_lock,
+    require_server_connections,
+)
 from include.pin_maintenance.jobs.activity_retention_config import (
     CONFIG,
     JOB,
+    STATEMENT_TIMEOUT_SECONDS,
     STEP_DEADLINE_SHARE,
     RetentionConfig,
 )
-from include.pin_maintenance.jobs.activity_retention_plan import (
-    _KEY_START,
+from include.pin_maintenance.jobs.activity_retention_walk import (
     DELETED_METRIC,
-    LOCK_NAME,
-    LOCK_TTL_MARGIN_SECONDS,
+    KEY_START,
     M_BATCHES,
-    M_ELIGIBLE_BACKLOG,
-    M_LOCK_CONTENTION,
-    M_PACED_PREFIX,
-    M_RUN_DURATION,
-    SESSION_SETTINGS,
-    TABLES,
-    RetentionResult,
-    RunPlan,
+    KeysetWalk,
     StepResult,
 )
-from include.pin_maintenance.jobs.activity_retention_walk import KeysetWalk
 from include.pin_maintenance.lifecycle import JobMetrics, JobRun, JobSpec, job_run
 from include.pin_maintenance.pacing import Pacer, PacingLimits, paced_metrics
 from include.pin_maintenance.parallel import Deadline
 from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry, set_result
+
+LOCK_NAME = "job:scheduled:activity-retention"
+LOCK_TTL_MARGIN_SECONDS = 300
+
+SESSION_SETTINGS = SessionSettings(
+    statement_timeout_ms=STATEMENT_TIMEOUT_SECONDS * 1000,
+    lock_timeout_ms=5_000,
+    application_name="pin-activity-retention",
+)
+
+# Child tables first: the RESTRICT foreign keys on sessions(id) demand it (seed, step 4).
+TABLES: tuple[str, ...] = ("action_events", "property_object_views", "sessions")
+
+M_LOCK_CONTENTION = "activity_retention_lock_contention_total"
+M_RUN_DURATION = "activity_retention_run_duration_seconds"
+M_ELIGIBLE_BACKLOG = "activity_retention_eligible_backlog"
+# time the loops spent paced, one counter per reason (pacing.paced_metric)
+M_PACED_PREFIX = "activity_retention_paced"
 
 SPEC = JobSpec(
     job=JOB,
@@ -98,6 +112,102 @@ SPEC = JobSpec(
         lock_contention=M_LOCK_CONTENTION,
     ),
 )
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What every task of one run acts on: the same cutoff, deadline and config (an XCom)."""
+
+    cutoff: datetime
+    deadline_at: datetime
+    started_at_unix: float
+    eligible_backlog: int
+    config: RetentionConfig  # as prepare resolved it: every task of the run uses the same
+    dry_run: bool = False
+
+    def to_xcom(self) -> dict[str, Any]:
+        """One flat JSON object: the config keys beside the plan's own."""
+        data = {**asdict(self.config), **asdict(self)}
+        del data["config"]
+        data["cutoff"] = self.cutoff.isoformat()
+        data["deadline_at"] = self.deadline_at.isoformat()
+        return data
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> RunPlan:
+        """The plan :meth:`to_xcom` wrote. A config key missing from it (a plan from before
+        the key existed) gets its default, except ``runners``: there one loop was the run."""
+        keys = {s.name for s in CONFIG.settings}
+        config = {key: data[key] for key in keys & data.keys()}
+        # a plan written by another version of the code may hold keys this one no longer has
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        config.setdefault("runners", 1)
+        values["cutoff"] = datetime.fromisoformat(values["cutoff"])
+        values["deadline_at"] = datetime.fromisoformat(values["deadline_at"])
+        return cls(config=RetentionConfig(**config), **values)
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    """The seed's result (step 8). ``batches_processed`` counts session batches as the seed
+    defines them (one batch = up to ``batch_size`` sessions with their children): the batches
+    the sessions step committed, the same as the activity_retention_batches_processed counter.
+    ``batches_by_table`` has each delete step's committed batches beside it.
+    """
+
+    deleted_sessions: int = 0
+    deleted_property_object_views: int = 0
+    deleted_action_events: int = 0
+    batches_processed: int = 0
+    has_more: bool = False
+    dry_run: bool = False
+    paced_ms: int = 0
+    batches_by_table: dict[str, int] = field(default_factory=dict, compare=False)
+    steps: tuple[StepResult, ...] = field(default=(), compare=False)
+
+    @classmethod
+    def of_steps(cls, steps: tuple[StepResult, ...], *, dry_run: bool) -> RetentionResult:
+        """The run's result: each table's rows from its step, session batches as the seed's."""
+        by_table = {s.table: s for s in steps}
+
+        def step(table: str) -> StepResult:
+            return by_table.get(table, StepResult(table))
+
+        return cls(
+            deleted_sessions=step("sessions").rows,
+            deleted_property_object_views=step("property_object_views").rows,
+            deleted_action_events=step("action_events").rows,
+            batches_processed=step("sessions").batches,
+            batches_by_table={s.table: s.batches for s in steps},
+            has_more=any(s.has_more for s in steps),
+            dry_run=dry_run,
+            paced_ms=sum(s.paced_ms for s in steps),
+            steps=steps,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        counts = {
+            "Sessions": self.deleted_sessions,
+            "PropertyObjectViews": self.deleted_property_object_views,
+            "ActionEvents": self.deleted_action_events,
+        }
+        # A dry run deletes nothing: its counts are WouldDelete*, the Deleted* keys stay 0
+        # (as the slot job's ExpiredCount / WouldExpireCount)
+        out: dict[str, Any] = {f"Deleted{k}": 0 if self.dry_run else n for k, n in counts.items()}
+        out.update(
+            {
+                "BatchesProcessed": self.batches_processed,
+                "ActionEventBatches": self.batches_by_table.get("action_events", 0),
+                "PropertyObjectViewBatches": self.batches_by_table.get("property_object_views", 0),
+                "SessionBatches": self.batches_by_table.get("sessions", 0),
+                "HasMore": self.has_more,
+                "DryRun": self.dry_run,
+                "PacedMs": self.paced_ms,
+            }
+        )
+        if self.dry_run:
+            out.update({f"WouldDelete{k}": n for k, n in counts.items()})
+        return out
 
 
 def step_deadline(plan: RunPlan, table: str) -> datetime:
@@ -235,7 +345,7 @@ def _delete_step(
 ) -> StepResult:
     until = after.covered() if after is not None else None
     bounded_by = after.stop_reason if after is not None else StopReason.DRAINED.value
-    if until == _KEY_START:  # the step before covered nothing (its lock was busy)
+    if until == KEY_START:  # the step before covered nothing (its lock was busy)
         run.log.info("step_skipped", table=table, reason="the step before covered nothing")
         return StepResult(table=table, stop_reason=StopReason.MAX_BATCHES.value)
     # The loops' connections are opened before the lock is taken: opening one may need a
@@ -466,9 +576,7 @@ CLI = cli.JobCli(
     session=SESSION_SETTINGS,
     run=_run,
     add_arguments=_add_arguments,
-    session_for=lambda args: dataclasses.replace(
-        SESSION_SETTINGS, lock_timeout_ms=args.lock_timeout_ms
-    ),
+    session_for=lambda args: replace(SESSION_SETTINGS, lock_timeout_ms=args.lock_timeout_ms),
 )
 
 

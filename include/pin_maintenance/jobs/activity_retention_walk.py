@@ -18,9 +18,9 @@ import json
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from opentelemetry import context as otel_context
@@ -33,21 +33,37 @@ from include.pin_maintenance.jobs.activity_retention_config import (
     JOB,
     STOP_GRACE_SECONDS,
 )
-from include.pin_maintenance.jobs.activity_retention_plan import (
-    _COUNT_SQL,
-    _DELETE_SQL,
-    _KEY_END,
-    _KEY_START,
-    DELETED_METRIC,
-    M_BATCHES,
-    RunPlan,
-    StepResult,
-)
 from include.pin_maintenance.lifecycle import describe_error
 from include.pin_maintenance.pacing import Pacer
 from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
 from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Alert, Telemetry, error_code
+
+if TYPE_CHECKING:  # the run's module imports this one
+    from include.pin_maintenance.jobs.activity_retention import RunPlan
+
+_DELETE_SQL = {
+    "action_events": "retention/delete_action_events",
+    "property_object_views": "retention/delete_property_object_views",
+    "sessions": "retention/delete_childless_sessions",
+}
+_COUNT_SQL = {
+    "action_events": "retention/count_action_events",
+    "property_object_views": "retention/count_property_object_views",
+    "sessions": "retention/count_sessions",
+}
+
+M_BATCHES = "activity_retention_batches_processed"
+DELETED_METRIC = {
+    "action_events": "activity_retention_deleted_action_events",
+    "property_object_views": "activity_retention_deleted_property_object_views",
+    "sessions": "activity_retention_deleted_sessions",
+}
+
+# Keyset start and end: before / after every possible (ended_at, id).
+KEY_START = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
+KEY_END = (datetime(9999, 12, 31, tzinfo=UTC), uuid.UUID(int=(1 << 128) - 1))
+
 
 # A failed batch's log and alert carry its first/last id, its count and up to this many ids.
 FAILED_BATCH_SAMPLE_IDS = 20
@@ -71,6 +87,45 @@ class ClaimedBatch:
             "count": self.count,
             "ids": _sample_ids(self.ids),
         }
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One delete task: rows of its table deleted (or counted, in a dry run) and how it ended."""
+
+    table: str
+    rows: int = 0
+    batches: int = 0
+    stop_reason: str = StopReason.DRAINED.value
+    lock_skipped: bool = False
+    dry_run: bool = False
+    # the keyset position the step reached (the last claimed session): the later steps of the
+    # run cover no session past it; None = no batch claimed
+    last_ended_at: str | None = None
+    last_id: str | None = None
+    paced_ms: int = 0  # time its loops spent paced (no loop running a batch)
+
+    def covered(self) -> tuple[datetime, uuid.UUID] | None:
+        """The last (ended_at, id) this step covered, or None when it covered everything."""
+        if self.lock_skipped:
+            return KEY_START  # it covered nothing
+        if self.stop_reason == StopReason.DRAINED.value:
+            return None
+        if self.last_ended_at is None or self.last_id is None:
+            return KEY_START
+        return datetime.fromisoformat(self.last_ended_at), uuid.UUID(self.last_id)
+
+    @property
+    def has_more(self) -> bool:
+        """A bound or a busy lock, not an exhausted eligible set, ended the step."""
+        return self.lock_skipped or self.stop_reason != StopReason.DRAINED.value
+
+    def to_xcom(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_xcom(cls, data: dict[str, Any]) -> StepResult:
+        return cls(**data)
 
 
 class BatchFailed(RuntimeError):
@@ -101,12 +156,12 @@ class KeysetWalk:
     ) -> None:
         self.plan, self.table, self.telemetry, self.stop = plan, table, telemetry, stop
         self.deadline = deadline
-        self.until_ended_at, self.until_id = until or _KEY_END
+        self.until_ended_at, self.until_id = until or KEY_END
         self._bounded_by = StopReason(bounded_by)
         self._claim_lock = threading.Lock()  # the keyset position and the claim count
         self._count_lock = threading.Lock()  # the totals
         self._aborted = threading.Event()  # a loop failed: nothing more commits
-        self.after_ended_at, self.after_id = _KEY_START
+        self.after_ended_at, self.after_id = KEY_START
         self.claimed = 0  # batches claimed: the next batch's index
         self.batches = 0  # batches committed (or counted, in a dry run)
         self.rows = 0
@@ -216,7 +271,7 @@ class KeysetWalk:
     def _reached_end(self) -> None:
         # the end of the range an earlier, bounded step covered: this step is bounded by the
         # same bound (HasMore), not drained
-        bounded = self.until_ended_at != _KEY_END[0]
+        bounded = self.until_ended_at != KEY_END[0]
         self._end = self._bounded_by if bounded else StopReason.DRAINED
 
     def _act_on(self, conn: psycopg.Connection, batch: ClaimedBatch, span: Span) -> None:
