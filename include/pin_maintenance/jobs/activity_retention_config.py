@@ -16,16 +16,9 @@ JOB = "user_activity_retention"
 
 # The run's budget split between the delete steps, as the point of the run's window (from
 # prepare to deadline_at) where each step stops claiming. Each later step covers only the
-# sessions the step before it covered, so what the first step clears is the night's work, and
-# the later steps must be able to finish it: action_events claims for the first fifth;
-# property_object_views may run until 50 % (1.5x the first step's time), sessions has at
-# least the last 50 % (2.5x), plus whatever the views step did not need. Per batch, a later
-# step costs 0.15-1.07x an action_events batch in docs/benchmarks.md's profile (5000
-# sessions), and more at small batches on a loaded machine (measured: views 0.9x, sessions
-# 1.5x with one view and one event per session, and sessions 1.9x once in a loaded
-# `make test`). A step that finishes early leaves its time to the next one. Only a backlog
-# larger than the time budget meets this split; a run bounded by max_batches_per_run (the
-# usual case at the defaults) never does.
+# sessions the step before it covered, so the later steps get more of the window to finish what
+# the first one cleared; the measurements behind 20 / 50 %: docs/design/retention.md. Only a
+# backlog larger than the time budget meets this split.
 STEP_DEADLINE_SHARE = {"action_events": 0.2, "property_object_views": 0.5, "sessions": 1.0}
 
 # A batch's statements touch up to batch_size sessions and all their children (RI triggers

@@ -265,20 +265,12 @@ def _completed(job: JobRun, result: ExpirationResult) -> None:
 
 
 class BatchLoops:
-    """The cycle's batch loops: the first batch on the caller's connection and thread; when
-    it comes back full, :func:`parallel.run_batch_loops` runs the loops, lane 0 going on on the
-    caller's connection and, when ``max_batches_per_cycle`` allows more than one batch, up to
-    ``runners - 1`` more on their own connections, under one :class:`BatchBudget`.
-
-    The loops are parallel instances in the seed's sense: SKIP LOCKED alone keeps them apart,
-    so each slot is taken by exactly one of them, and each keeps its own keyset position. Their
-    connections are opened on the caller's thread (an Airflow hook reads its Connection through
-    the task runner, which is not for side threads), and checked against the pool size before
-    the second batch (:func:`db.require_server_connections`). Any exception in any loop,
-    ``BaseException`` included, stops the others: their stop signal is set and the statement
-    each may be in is cancelled (its batch rolls back whole); committed batches stay; the cycle
-    fails with the first exception. A cycle that may take more than one batch paces itself
-    between batches by the database's health (:mod:`pacing`; docs/design.md, "Pacing").
+    """The cycle's batch loops: the first batch alone on the caller's connection; when it comes
+    back full, :func:`parallel.run_batch_loops` goes on with it as lane 0 and, when
+    ``max_batches_per_cycle`` allows more than one batch, up to ``runners - 1`` side loops on
+    their own connections (opened on the caller's thread, where an Airflow hook can read its
+    Connection), under one :class:`BatchBudget`. SKIP LOCKED alone keeps the loops apart and
+    each keeps its own keyset position (docs/design/pooler-and-slots.md, "Side by side").
     """
 
     def __init__(
