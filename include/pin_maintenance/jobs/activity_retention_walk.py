@@ -161,6 +161,8 @@ class KeysetWalk:
         self._claim_lock = threading.Lock()  # the keyset position and the claim count
         self._count_lock = threading.Lock()  # the totals
         self._aborted = threading.Event()  # a loop failed: nothing more commits
+        self._lanes: set[int] = set()  # lanes whose cancel hooks are set
+        self._parent = otel_context.get_current()  # side lanes' batch spans join the step's
         self.after_ended_at, self.after_id = KEY_START
         self.claimed = 0  # batches claimed: the next batch's index
         self.batches = 0  # batches committed (or counted, in a dry run)
@@ -175,9 +177,8 @@ class KeysetWalk:
     def run(self, conns: Sequence[psycopg.Connection], pacer: Pacer | None = None) -> StepResult:
         """Walk with one batch loop per connection, paced between batches by ``pacer`` (lane
         ``i`` probes on ``conns[i]``); the step's result once every loop stopped."""
-        parent = otel_context.get_current()  # side lanes' batch spans join the step's span
         loops = run_batch_loops(
-            [_LaneBatch(self, conn, parent) for conn in conns],
+            [functools.partial(self.batch, conn) for conn in conns],
             stop=self.stop,
             deadline=self.deadline,
             budget=BatchBudget(self.plan.config.max_batches_per_run, self.plan.config.batch_size),
@@ -210,16 +211,30 @@ class KeysetWalk:
     def abort(self) -> None:
         self._aborted.set()
 
-    def batch(self, lane: Lane, conn: psycopg.Connection, size: int) -> bool:
-        """Claim, delete and commit one batch of ``size`` sessions on ``conn``; True when it
-        was full."""
-        batch = self._claim(lane, conn, size)
-        if batch is None:
-            return False
-        attributes = {"pin.batch.index": batch.index, "pin.table": self.table}
-        with self.telemetry.span(f"{JOB} batch", attributes) as span:
-            self._act_on(conn, batch, span)
-        return batch.count >= size
+    def batch(self, conn: psycopg.Connection, lane: Lane, size: int | None) -> bool:
+        """Claim, delete and commit one batch of ``size`` sessions (None: batch_size) on the
+        lane's own ``conn``; True when it was full. The lane's first batch sets up its cancel
+        hooks and trace context."""
+        if lane.index not in self._lanes:
+            self._lanes.add(lane.index)
+            if lane.index:
+                otel_context.attach(self._parent)  # this thread's own context, gone with it
+            lane.on_cancel(self.abort)  # first: a batch not committed now rolls back
+            # interrupts this loop's statement in flight (a cancel that cannot get through
+            # gives up after CANCEL_TIMEOUT_SECONDS instead of psycopg's default 30 s)
+            lane.on_cancel(functools.partial(conn.cancel_safe, timeout=CANCEL_TIMEOUT_SECONDS))
+        size = size or self.plan.config.batch_size
+        try:
+            batch = self._claim(lane, conn, size)
+            if batch is None:
+                return False
+            attributes = {"pin.batch.index": batch.index, "pin.table": self.table}
+            with self.telemetry.span(f"{JOB} batch", attributes) as span:
+                self._act_on(conn, batch, span)
+            return batch.count >= size
+        except BaseException:
+            _end_interrupted(conn)
+            raise
 
     def _claim(self, lane: Lane, conn: psycopg.Connection, size: int) -> ClaimedBatch | None:
         """The next batch of at most ``size`` sessions (row-locked in ``conn``'s open
@@ -367,34 +382,6 @@ class KeysetWalk:
             f"first {batch_ids.get('first')}, "
             f"last {batch_ids.get('last')}) failed and was rolled back: {error}"
         ) from exc
-
-
-class _LaneBatch:
-    """The batch one lane repeats, on its own connection; the lane's cancel hooks and trace
-    context are set up on its first batch."""
-
-    def __init__(
-        self, walk: KeysetWalk, conn: psycopg.Connection, parent: otel_context.Context
-    ) -> None:
-        self._walk, self._conn, self._parent = walk, conn, parent
-        self._joined = False
-
-    def __call__(self, lane: Lane, size: int | None) -> bool:
-        if not self._joined:
-            self._joined = True
-            if lane.index:
-                otel_context.attach(self._parent)  # this thread's own context, gone with it
-            lane.on_cancel(self._walk.abort)  # first: a batch not committed now rolls back
-            # interrupts this loop's statement in flight (a cancel that cannot get through
-            # gives up after CANCEL_TIMEOUT_SECONDS instead of psycopg's default 30 s)
-            lane.on_cancel(
-                functools.partial(self._conn.cancel_safe, timeout=CANCEL_TIMEOUT_SECONDS)
-            )
-        try:
-            return self._walk.batch(lane, self._conn, size or self._walk.plan.config.batch_size)
-        except BaseException:
-            _end_interrupted(self._conn)
-            raise
 
 
 def _sample_ids(literal: str, limit: int = FAILED_BATCH_SAMPLE_IDS) -> list[str]:
