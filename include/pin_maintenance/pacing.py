@@ -1,11 +1,7 @@
 """Pacing by the database's health: a batch job waits between batches while the services
-beside it or a replica would feel it (docs/design.md, "Pacing").
-
-Three parts, kept apart: the **signals** (:func:`read`, one probe on a loop's own idle
-connection); the **rules**, pure functions of readings (how far a replica is behind, whether
-others use the database, the WAL-rate bucket, a batch's size beside them); and the **crew's
-pause** (:class:`CrewPause`), which no loop of the crew starts a batch through. :class:`Pacer`
-ties them together for :func:`parallel.run_batch_loops`.
+beside it or a replica would feel it (docs/design.md, "Pacing"). The **signals** (:func:`read`),
+the **rules** (pure functions of readings) and the **crew's pause** (:class:`CrewPause`) are
+kept apart; :class:`Pacer` ties them together for :func:`parallel.run_batch_loops`.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psycopg
 
@@ -55,20 +51,9 @@ REASON_WAL_RATE = "wal_rate"
 REASONS = (REASON_REPLICA_LAG, REASON_WAL_RATE)
 
 
-@dataclass(frozen=True)
-class PacingLimits:
-    """The pacing config keys; 0 turns a signal off."""
-
-    max_replica_lag_seconds: float
-    max_wal_mb_per_second: float = 0.0
-
-    @classmethod
-    def from_config(cls, config: PacingConfig) -> PacingLimits:
-        return cls(config.max_replica_lag_seconds, config.max_wal_mb_per_second)
-
-    @property
-    def off(self) -> bool:
-        return not (self.max_replica_lag_seconds or self.max_wal_mb_per_second)
+def paced_metrics(prefix: str) -> tuple[str, ...]:
+    """The counters of milliseconds paced, one per reason (sent at 0 when a run starts)."""
+    return tuple(f"{prefix}_{reason}_milliseconds_total" for reason in REASONS)
 
 
 @dataclass(frozen=True)
@@ -84,12 +69,9 @@ class Reading:
 
 def read(conn: psycopg.Connection, own_pids: Sequence[int], clock: Callable[[], float]) -> Reading:
     """The signals; ``own_pids``, the crew's server processes, are not others."""
-    row = conn.execute(
-        sql.load("pacing/read_database_health"), {"own_pids": list(own_pids)}
-    ).fetchone()
-    if not conn.autocommit:
-        conn.rollback()
-    wal, replay, replay_lag, others = row
+    wal, replay, replay_lag, others = _fetch(
+        conn, "pacing/read_database_health", {"own_pids": list(own_pids)}
+    )
     return Reading(
         at=clock(),
         wal_bytes=int(wal),
@@ -97,6 +79,14 @@ def read(conn: psycopg.Connection, own_pids: Sequence[int], clock: Callable[[], 
         replay_lag_seconds=float(replay_lag) if replay_lag is not None else None,
         others_active=bool(others),
     )
+
+
+def _fetch(conn: psycopg.Connection, query: str, params: dict | None = None) -> tuple:
+    """One row, leaving no transaction open on the loop's idle connection."""
+    row = conn.execute(sql.load(query), params).fetchone()
+    if not conn.autocommit:
+        conn.rollback()
+    return row
 
 
 # -- rules -----------------------------------------------------------------------------------
@@ -193,33 +183,13 @@ class CrewPause:
 # -- a crew's pacing ---------------------------------------------------------------------------
 
 
-def paced_metric(prefix: str, reason: str) -> str:
-    """The counter of milliseconds paced for ``reason`` (sent at 0 when a run starts)."""
-    return f"{prefix}_{reason}_milliseconds_total"
-
-
-def paced_metrics(prefix: str) -> tuple[str, ...]:
-    return tuple(paced_metric(prefix, reason) for reason in REASONS)
-
-
-@dataclass
-class PaceTotals:
-    """Time the crew spent paced (no loop starting a batch), by reason, for the run's result."""
-
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REASONS, 0.0))
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
-
-
 class Pacer:
     """The pacing of one crew of batch loops (:class:`parallel.BatchPacing`). Lane ``i``
     probes on ``connections[i]``; ``batch_size`` is the job's own (None: batches not sized)."""
 
     def __init__(
         self,
-        limits: PacingLimits,
+        config: PacingConfig,
         telemetry: Telemetry,
         *,
         paced_metric_prefix: str,
@@ -227,16 +197,16 @@ class Pacer:
         batch_size: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.limits, self.telemetry, self.job_batch_size = limits, telemetry, batch_size
-        self.paced_metric_prefix = paced_metric_prefix
+        self.config, self.telemetry, self.job_batch_size = config, telemetry, batch_size
+        self.metrics = dict(zip(REASONS, paced_metrics(paced_metric_prefix), strict=True))
         self.deadline_remaining, self.clock = deadline_remaining, clock
         self.connections: list[psycopg.Connection] = []
-        self.totals = PaceTotals()
         self.crew = CrewPause(clock)
         self._turn = threading.Lock()  # held by the loop whose batch runs, beside others
         self._readable = True
         self._lock = threading.Lock()  # everything below
-        self._probing = threading.Lock()  # one probe at a time for the crew
+        self.paced_seconds = dict.fromkeys(REASONS, 0.0)  # the crew's time paced, by reason
+        self._next_probe = 0.0
         self._history: deque[Reading] = deque()
         self._shared = False
         self._row_seconds: deque[float] = deque(maxlen=RECENT_BATCHES)
@@ -244,15 +214,18 @@ class Pacer:
         self._wal_paid_until = 0.0
         self._wal_paced_at: float | None = None  # the last WAL-rate pause, until job_resumed
 
+    @property
+    def paced_total(self) -> float:
+        """Seconds the crew spent paced (no loop starting a batch), for the run's result."""
+        return sum(self.paced_seconds.values())
+
     def start(self) -> None:
         """Before the crew's batches: what the role may read, and whether others use the
         database (readings spread over 150 ms: a monitor caught just after a poll is not them)."""
-        if self.limits.off:
+        if not self.config.paced:
             return
         conn = self.connections[0]
-        (self._readable,) = conn.execute(sql.load("pacing/can_read_activity")).fetchone()
-        if not conn.autocommit:
-            conn.rollback()
+        (self._readable,) = _fetch(conn, "pacing/can_read_activity")
         if not self._readable:
             self.telemetry.log.warning(
                 "pacing_signal_unavailable",
@@ -265,20 +238,19 @@ class Pacer:
                 time.sleep(START_SPACING_SECONDS)
             self._remember(read(conn, self._own_pids(), self.clock))
         self.telemetry.log.info("pacing_started", database_shared=self._shared)
-        if self._shared and self.limits.max_wal_mb_per_second:
+        if self._polite():
             self._wal_debt(conn)  # opens the bucket: the first batch's WAL is paid like the rest
 
     def _polite(self) -> bool:
-        """Others use the database and the WAL budget protects them (under ``_lock``)."""
-        return self._readable and self._shared and bool(self.limits.max_wal_mb_per_second)
+        """Others use the database and the WAL budget protects them."""
+        with self._lock:
+            return self._readable and self._shared and bool(self.config.max_wal_mb_per_second)
 
     def batch_size(self) -> int | None:
         """The job's own, or :func:`shared_batch_size` beside others under the WAL budget."""
-        if self.job_batch_size is None:
-            return None
+        if self.job_batch_size is None or not self._polite():
+            return self.job_batch_size
         with self._lock:
-            if not self._polite():
-                return self.job_batch_size
             per_row = statistics.median(self._row_seconds) if self._row_seconds else None
         return shared_batch_size(per_row, self.job_batch_size)
 
@@ -288,8 +260,7 @@ class Pacer:
         so the job takes one core from them (three loops side by side on two cores cost the
         services' p99 more at the same WAL rate: docs/benchmarks.md). On a stop, no turn."""
         self.crew.wait(stop)
-        with self._lock:
-            polite = self._polite()
+        polite = self._polite()
         while polite and not self._turn.acquire(timeout=TURN_WAIT_SECONDS):
             if stop.is_set():
                 polite = False
@@ -302,31 +273,28 @@ class Pacer:
     def pace(self, lane: int, stop: StopSignal, batch_seconds: float, rows: int | None) -> None:
         """After a full batch: hold while a replica is behind, then pause the crew until the
         WAL written so far is paid for."""
-        if self.limits.off or not self._readable:
+        if not self.config.paced or not self._readable:
             return
         if rows:
             with self._lock:
                 self._row_seconds.append(batch_seconds / rows)
         conn = self.connections[lane]
         self._probe_if_due(conn)
-        if self.limits.max_replica_lag_seconds:
+        if self.config.max_replica_lag_seconds:
             self._hold_for_replica(conn, stop)
-        if stop.is_set() or not self.limits.max_wal_mb_per_second:
+        if stop.is_set() or not self.config.max_wal_mb_per_second:
             return
         debt = min(self._wal_debt(conn), WAL_PAUSE_MAX * batch_seconds, self.deadline_remaining())
         if debt > 0:
             self._account(REASON_WAL_RATE, self.crew.pause(debt, stop))
 
     def _probe_if_due(self, conn: psycopg.Connection) -> None:
-        with self._lock:
-            last = self._history[-1].at if self._history else None
-        if last is not None and self.clock() - last < PROBE_INTERVAL_SECONDS:
-            return
-        if self._probing.acquire(blocking=False):  # else another loop is probing
-            try:
-                self._remember(read(conn, self._own_pids(), self.clock))
-            finally:
-                self._probing.release()
+        with self._lock:  # the first loop past the interval probes for the crew
+            now = self.clock()
+            if now < self._next_probe:
+                return
+            self._next_probe = now + PROBE_INTERVAL_SECONDS
+        self._remember(read(conn, self._own_pids(), self.clock))
 
     def _own_pids(self) -> list[int]:
         # Behind a pooler these are the pooler's numbers and match nothing: the crew's idle
@@ -335,6 +303,7 @@ class Pacer:
 
     def _remember(self, reading: Reading) -> None:
         with self._lock:
+            self._next_probe = max(self._next_probe, reading.at + PROBE_INTERVAL_SECONDS)
             self._history.append(reading)
             while reading.at - self._history[0].at > HISTORY_SECONDS:
                 self._history.popleft()
@@ -354,7 +323,7 @@ class Pacer:
             )
 
     def _hold_for_replica(self, conn: psycopg.Connection, stop: StopSignal) -> None:
-        limit, held, lag = self.limits.max_replica_lag_seconds, 0.0, self._replica_behind()
+        limit, held, lag = self.config.max_replica_lag_seconds, 0.0, self._replica_behind()
         if lag <= limit:
             return
         self.telemetry.log.info(
@@ -370,57 +339,41 @@ class Pacer:
         )
 
     def _wal_debt(self, conn: psycopg.Connection) -> float:
-        """Seconds until the WAL written so far is paid for (alone: nothing read, nothing owed)."""
+        """Seconds until the WAL written so far is paid for (alone: nothing read, nothing owed).
+        One ``job_paced`` line when a debt follows none, one ``job_resumed`` when none followed
+        for :data:`WAL_RESUME_SECONDS`: a spell around the budget, not a line per batch."""
         with self._lock:
             shared = self._shared
-        if not shared:
-            self._wal_read = None
-            self._wal_resumed()
-            return 0.0
-        (position,) = conn.execute(sql.load("pacing/read_wal_position")).fetchone()
-        if not conn.autocommit:
-            conn.rollback()
-        now, position = self.clock(), int(position)
-        budget = self.limits.max_wal_mb_per_second * MEGABYTE
-        rate = 0.0  # since the last read, bytes per second: what a job_paced line reports
+        position = int(_fetch(conn, "pacing/read_wal_position")[0]) if shared else 0
+        now, rate = self.clock(), 0.0  # rate: bytes per second since the last read
         with self._lock:
-            if self._wal_read is None:
-                self._wal_paid_until = now
-            elif position > self._wal_read[1]:
-                since, before = self._wal_read
-                rate = (position - before) / max(now - since, 1e-6)
-                self._wal_paid_until = wal_paid_until(
-                    self._wal_paid_until, since, now, position - before, budget
-                )
-            self._wal_read = (now, position)
-            debt = self._wal_paid_until - now
-        if debt <= 0:
-            self._wal_resumed()
-            return 0.0
-        if self._wal_paced_at is None:
+            last, self._wal_read = self._wal_read, (now, position) if shared else None
+            if shared and last is None:
+                self._wal_paid_until = now  # the bucket opens: nothing owed before this read
+            elif shared:
+                (since, before), budget = last, self.config.max_wal_mb_per_second * MEGABYTE
+                rate = max(0, position - before) / max(now - since, 1e-6)
+                paid = wal_paid_until(self._wal_paid_until, since, now, position - before, budget)
+                self._wal_paid_until = paid
+            debt = self._wal_paid_until - now if shared else 0.0
+            paced_at, paced = self._wal_paced_at, self.paced_seconds[REASON_WAL_RATE]
+            resumed = debt <= 0 and paced_at is not None and now - paced_at >= WAL_RESUME_SECONDS
+            if debt > 0 or resumed:
+                self._wal_paced_at = now if debt > 0 else None
+        if debt > 0 and paced_at is None:
             self.telemetry.log.info(
                 "job_paced",
                 reason=REASON_WAL_RATE,
                 value=round(rate / MEGABYTE, 1),
-                limit=self.limits.max_wal_mb_per_second,
+                limit=self.config.max_wal_mb_per_second,
             )
-        self._wal_paced_at = now
-        return debt
-
-    def _wal_resumed(self) -> None:
-        if (
-            self._wal_paced_at is not None
-            and self.clock() - self._wal_paced_at >= WAL_RESUME_SECONDS
-        ):
-            self._wal_paced_at = None
-            paced = self.totals.seconds[REASON_WAL_RATE]
+        if resumed:
             self.telemetry.log.info(
                 "job_resumed", reason=REASON_WAL_RATE, paced_ms=round(paced * 1000)
             )
+        return max(debt, 0.0)
 
     def _account(self, reason: str, seconds: float) -> None:
         with self._lock:
-            self.totals.seconds[reason] += seconds
-        self.telemetry.metrics.incr(
-            paced_metric(self.paced_metric_prefix, reason), round(seconds * 1000)
-        )
+            self.paced_seconds[reason] += seconds
+        self.telemetry.metrics.incr(self.metrics[reason], round(seconds * 1000))

@@ -35,6 +35,11 @@ class PacingConfig(JobConfig):
         ),
     )
 
+    @property
+    def paced(self) -> bool:
+        """Whether any signal is on: with both off a run goes at its own speed, reading none."""
+        return bool(self.max_replica_lag_seconds or self.max_wal_mb_per_second)
+
 
 # Every signal off, as config overrides: a run at its own speed, as before pacing (a test of a
 # bound, a bench case).

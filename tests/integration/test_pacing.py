@@ -23,9 +23,8 @@ from include.pin_maintenance.pacing import (
     SHARED_BATCH_MIN,
     SHARED_BATCH_SECONDS,
     Pacer,
-    PacingLimits,
 )
-from include.pin_maintenance.pacing_config import PACING_OFF
+from include.pin_maintenance.pacing_config import PACING_OFF, PacingConfig
 from include.pin_maintenance.parallel import BatchBudget, Deadline, run_batch_loops
 from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
@@ -45,11 +44,17 @@ WAL_BATCH = WAL_HOG.replace("20000", "1000")  # a batch's worth: a few hundred k
 
 
 def pacer(
-    limits: PacingLimits, metrics: RecordingMetrics | None = None, *, batch_size: int | None = None
+    *,
+    lag: float = 0,
+    wal_mb: float = 0,
+    metrics: RecordingMetrics | None = None,
+    batch_size: int | None = None,
 ) -> Pacer:
+    """A pacer of ``max_replica_lag_seconds`` ``lag`` and ``max_wal_mb_per_second`` ``wal_mb``."""
     telemetry = Telemetry.local(JobLog("pacing_test", "run-1"), metrics or RecordingMetrics())
+    config = PacingConfig(max_replica_lag_seconds=lag, max_wal_mb_per_second=wal_mb)
     return Pacer(
-        limits,
+        config,
         telemetry,
         paced_metric_prefix="pacing_test_paced",
         deadline_remaining=lambda: 60.0,
@@ -104,10 +109,10 @@ def test_a_database_writing_wal_past_the_budget_paces_the_loop_until_it_writes_l
     metrics = RecordingMetrics()
     with psycopg.connect(db.url, autocommit=True, application_name=APP) as conn:
         with busy(db.url, [WAL_HOG]):
-            paced = started(pacer(PacingLimits(0, max_wal_mb_per_second=2), metrics), conn)
-            assert probe_until(
-                paced, conn, lambda: paced.totals.seconds[REASON_WAL_RATE] > 0, 60
-            ), "never paced"
+            paced = started(pacer(wal_mb=2, metrics=metrics), conn)
+            assert probe_until(paced, conn, lambda: paced.paced_seconds[REASON_WAL_RATE] > 0, 60), (
+                "never paced"
+            )
         assert probe_until(paced, conn, lambda: paced._wal_paced_at is None, 60), "never resumed"
     assert metrics.counters["pacing_test_paced_wal_rate_milliseconds_total"] > 0
     lines = [r.getMessage() for r in caplog.records]
@@ -129,11 +134,11 @@ def test_the_first_batch_beside_busy_sessions_pays_for_its_wal(db):
         psycopg.connect(db.url, autocommit=True, application_name=APP) as conn,
         busy(db.url, [CPU_HOG] * 2),  # others active, writing no WAL of their own
     ):
-        paced = started(pacer(PacingLimits(0, max_wal_mb_per_second=1)), conn)
+        paced = started(pacer(wal_mb=1), conn)
         assert paced._shared
         conn.execute(WAL_HOG)  # the batch: 20,000 rows, megabytes of WAL
         paced.pace(0, StopSignal(), 0.05, None)
-    assert paced.totals.seconds[REASON_WAL_RATE] > 0
+    assert paced.paced_seconds[REASON_WAL_RATE] > 0
 
 
 def test_the_crews_own_loops_between_batches_are_not_neighbours(db):
@@ -141,7 +146,7 @@ def test_the_crews_own_loops_between_batches_are_not_neighbours(db):
     # per transaction), a statement just finished: by name alone it would read as a service
     from include.pin_maintenance import sql
 
-    paced = pacer(PacingLimits(0, max_wal_mb_per_second=8))
+    paced = pacer(wal_mb=8)
     stop = threading.Event()
     with (
         psycopg.connect(db.url, autocommit=True, application_name=APP) as conn,
@@ -189,22 +194,20 @@ def test_a_monitor_that_polled_just_before_the_start_does_not_make_the_database_
     real_read = pacing.read
     monkeypatch.setattr(pacing, "read", monitor_only)
     with psycopg.connect(db.url, autocommit=True, application_name=APP) as conn:
-        paced = started(pacer(PacingLimits(0, max_wal_mb_per_second=8)), conn)
+        paced = started(pacer(wal_mb=8), conn)
     assert seen[0] and not all(seen)  # it was seen, early on
     assert not paced._shared
 
 
 def test_an_idle_database_is_never_paced(db):
     with psycopg.connect(db.url, autocommit=True, application_name=APP) as conn:
-        paced = started(
-            pacer(PacingLimits(max_replica_lag_seconds=2, max_wal_mb_per_second=4)), conn
-        )
+        paced = started(pacer(lag=2, wal_mb=4), conn)
         probe_until(paced, conn, lambda: False, 3)
     # under xdist other workers' sessions share this server: the pacer then sees it busy and
     # may pace on its WAL rate, rightly; what must hold is that it paces only while it sees them
     saw_others = any(r.others_active for r in paced._history)
-    assert paced.totals.total == 0 or saw_others
-    assert paced.totals.seconds[pacing.REASON_REPLICA_LAG] == 0
+    assert paced.paced_total == 0 or saw_others
+    assert paced.paced_seconds[pacing.REASON_REPLICA_LAG] == 0
 
 
 def run_crew(pacer: Pacer, conns: list[psycopg.Connection], batch, batches: int) -> None:
@@ -250,14 +253,14 @@ def most_batches_at_once(pacer: Pacer, conns: list[psycopg.Connection]) -> int:
 
 def test_loops_take_turns_beside_busy_sessions_and_run_side_by_side_without_them(db, caplog):
     caplog.set_level(logging.INFO)
-    limits = PacingLimits(max_replica_lag_seconds=0, max_wal_mb_per_second=1000)
+    limits = {"wal_mb": 1000}
     with (
         psycopg.connect(db.url, autocommit=True, application_name=APP) as first,
         psycopg.connect(db.url, autocommit=True, application_name=APP) as second,
     ):
-        assert most_batches_at_once(pacer(limits), [first, second]) == 2
+        assert most_batches_at_once(pacer(**limits), [first, second]) == 2
         with busy(db.url, [CPU_HOG]):
-            polite = pacer(limits)
+            polite = pacer(**limits)
             assert most_batches_at_once(polite, [first, second]) == 1
     assert polite._shared
     lines = [r.getMessage() for r in caplog.records]
@@ -275,17 +278,17 @@ def test_a_pause_holds_the_whole_crew_not_only_the_loop_that_paced(db):
         psycopg.connect(db.url, autocommit=True, application_name=APP) as third,
         busy(db.url, [CPU_HOG]),
     ):
-        polite = pacer(PacingLimits(0, max_wal_mb_per_second=1))
+        polite = pacer(wal_mb=1)
         spans = run_timed_batches(polite, [first, second, third], statement=WAL_BATCH)
     idle = sum(max(0.0, later[0] - earlier[1]) for earlier, later in itertools.pairwise(spans))
-    paced = polite.totals.seconds[REASON_WAL_RATE]
+    paced = polite.paced_seconds[REASON_WAL_RATE]
     assert paced > 0.05
     assert idle >= 0.9 * paced, (idle, paced)
 
 
 def test_batches_beside_busy_sessions_are_sized_to_the_target_time_and_whole_without_them(db):
     # the target time's worth is 250 rows, 1000 rows take four times the target
-    limits = PacingLimits(max_replica_lag_seconds=0, max_wal_mb_per_second=1000)
+    limits = {"wal_mb": 1000}
     target_rows = 250
     row_seconds = SHARED_BATCH_SECONDS / target_rows
 
@@ -304,9 +307,9 @@ def test_batches_beside_busy_sessions_are_sized_to_the_target_time_and_whole_wit
         psycopg.connect(db.url, autocommit=True, application_name=APP) as first,
         psycopg.connect(db.url, autocommit=True, application_name=APP) as second,
     ):
-        assert set(sized(pacer(limits, batch_size=1000), [first, second])) == {1000}
+        assert set(sized(pacer(**limits, batch_size=1000), [first, second])) == {1000}
         with busy(db.url, [CPU_HOG]):
-            polite = pacer(limits, batch_size=1000)
+            polite = pacer(**limits, batch_size=1000)
             sizes = sized(polite, [first, second])
     assert polite._shared
     assert sizes[0] == SHARED_BATCH_MIN  # nothing timed yet: the first batch is the smallest
@@ -323,12 +326,10 @@ def test_a_role_without_pg_monitor_runs_unpaced_with_one_warning(db, caplog):
         psycopg.connect(db.job_url("calendar_db"), autocommit=True) as conn,
         busy(db.url, [CPU_HOG, WAL_HOG]),
     ):
-        paced = started(
-            pacer(PacingLimits(max_replica_lag_seconds=2, max_wal_mb_per_second=1)), conn
-        )
+        paced = started(pacer(lag=2, wal_mb=1), conn)
         probe_until(paced, conn, lambda: False, 1)
         assert paced.batch_size() is None
-    assert not paced._history and paced.totals.total == 0  # nothing read, nothing paced
+    assert not paced._history and paced.paced_total == 0  # nothing read, nothing paced
     warnings = [
         r.getMessage() for r in caplog.records if "pacing_signal_unavailable" in r.getMessage()
     ]
@@ -338,9 +339,9 @@ def test_a_role_without_pg_monitor_runs_unpaced_with_one_warning(db, caplog):
 
 def test_pacing_off_reads_nothing(db):
     with psycopg.connect(db.url, autocommit=True) as conn:
-        paced = started(pacer(PacingLimits(0, 0)), conn)
+        paced = started(pacer(), conn)
         paced.pace(0, StopSignal(), 0.05, None)
-    assert not paced._history and paced.totals.total == 0
+    assert not paced._history and paced.paced_total == 0
 
 
 def test_a_slot_drain_beside_a_wal_heavy_session_holds_its_wal_budget(db, caplog):

@@ -21,8 +21,8 @@ from include.pin_maintenance.pacing import (
     PROBE_INTERVAL_SECONDS,
     REASON_REPLICA_LAG,
     Pacer,
-    PacingLimits,
 )
+from include.pin_maintenance.pacing_config import PacingConfig
 from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry
 from tests.integration.slot_expiration_fixtures import insert_due_slots, run_job
@@ -60,7 +60,7 @@ def primary(cluster) -> pg.Database:
 
 def pacer(deadline_at: float) -> Pacer:
     return Pacer(
-        PacingLimits(max_replica_lag_seconds=1.0),
+        PacingConfig(max_replica_lag_seconds=1.0, max_wal_mb_per_second=0),
         Telemetry.local(JobLog("pacing_test", "run-1"), RecordingMetrics()),
         paced_metric_prefix="pacing_test_paced",
         deadline_remaining=lambda: max(0.0, deadline_at - time.monotonic()),
@@ -79,13 +79,13 @@ def test_a_held_back_replica_holds_the_loop_until_its_replay_resumes(cluster, ca
         paced.connections = [conn]
         paced.start()
         paced.pace(0, StopSignal(), 0.05, None)  # caught up: no hold
-        assert paced.totals.total == 0
+        assert paced.paced_total == 0
         replay(cluster, "pause")
         try:
             conn.execute(WRITE_WAL)  # a batch's WAL the replica does not replay
             time.sleep(PROBE_INTERVAL_SECONDS)  # so that the next batch's end probes
             paced.pace(0, StopSignal(), 0.05, None)  # seen written, not yet 1 s old
-            assert paced.totals.total == 0
+            assert paced.paced_total == 0
             probed = paced._history[-1]
             assert probed is not None and probed.replay_bytes < probed.wal_bytes
             time.sleep(1.5)
@@ -97,7 +97,7 @@ def test_a_held_back_replica_holds_the_loop_until_its_replay_resumes(cluster, ca
         finally:
             replay(cluster, "resume")
     assert 3.0 <= held < 30.0  # held while replay was paused, let go once it resumed
-    assert paced.totals.seconds[REASON_REPLICA_LAG] >= 3.0
+    assert paced.paced_seconds[REASON_REPLICA_LAG] >= 3.0
     lines = [r.getMessage() for r in caplog.records]
     for event in ("event=job_paced ", "event=job_resumed "):
         assert any(line.startswith(event) and "reason=replica_lag" in line for line in lines)

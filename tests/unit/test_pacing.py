@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from include.pin_maintenance.pacing import (
@@ -11,8 +9,6 @@ from include.pin_maintenance.pacing import (
     SHARED_BATCH_MIN,
     SHARED_BATCH_SECONDS,
     WAL_DEBT_MAX_SECONDS,
-    PaceTotals,
-    PacingLimits,
     Reading,
     database_shared,
     replay_seconds,
@@ -56,12 +52,11 @@ def test_a_replica_behind_since_before_the_first_sample_is_at_least_that_old():
     assert replica_lag_seconds(HISTORY, reading(10.0, 900, 50)) == pytest.approx(10.0)
 
 
-def test_limits_from_config_and_off():
+def test_pacing_is_on_while_either_signal_is():
     off = PacingConfig(max_replica_lag_seconds=0, max_wal_mb_per_second=0)
-    assert PacingLimits.from_config(off).off
-    limits = PacingLimits.from_config(dataclasses.replace(off, max_replica_lag_seconds=2))
-    assert not limits.off and limits.max_replica_lag_seconds == 2.0
-    assert not PacingLimits.from_config(dataclasses.replace(off, max_wal_mb_per_second=8)).off
+    assert not off.paced
+    assert PacingConfig(max_replica_lag_seconds=2, max_wal_mb_per_second=0).paced
+    assert PacingConfig(max_replica_lag_seconds=0, max_wal_mb_per_second=8).paced
 
 
 MB = 1_000_000
@@ -87,14 +82,6 @@ def test_time_under_the_budget_buys_no_burst():
 def test_the_debt_is_bounded():
     # a bulk load of 1 GB by someone else: the drain owes at most the bucket's depth
     assert wal_paid_until(0.0, 10.0, 11.0, 1000 * MB, 8 * MB) == 11.0 + WAL_DEBT_MAX_SECONDS
-
-
-def test_totals_add_up_every_reason():
-    totals = PaceTotals()
-    assert totals.total == 0.0
-    totals.seconds["replica_lag"] += 1.5
-    totals.seconds["wal_rate"] += 3.0
-    assert totals.total == 4.5
 
 
 @pytest.mark.parametrize(

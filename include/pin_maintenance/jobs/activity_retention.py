@@ -74,7 +74,7 @@ from include.pin_maintenance.jobs.activity_retention_walk import (
     StepResult,
 )
 from include.pin_maintenance.lifecycle import JobMetrics, JobRun, JobSpec, job_run
-from include.pin_maintenance.pacing import Pacer, PacingLimits, paced_metrics
+from include.pin_maintenance.pacing import Pacer, paced_metrics
 from include.pin_maintenance.parallel import Deadline
 from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry, set_result
@@ -94,7 +94,7 @@ TABLES: tuple[str, ...] = ("action_events", "property_object_views", "sessions")
 M_LOCK_CONTENTION = "activity_retention_lock_contention_total"
 M_RUN_DURATION = "activity_retention_run_duration_seconds"
 M_ELIGIBLE_BACKLOG = "activity_retention_eligible_backlog"
-# time the loops spent paced, one counter per reason (pacing.paced_metric)
+# time the loops spent paced, one counter per reason (pacing.paced_metrics)
 M_PACED_PREFIX = "activity_retention_paced"
 
 SPEC = JobSpec(
@@ -447,11 +447,10 @@ def _pacer(
     a dry run only reads and is not paced. The child steps' batches are sized while others use
     the database; the sessions step's stay whole: a session batch is the seed's unit
     (``BatchesProcessed``), and its statements write little WAL."""
-    limits = PacingLimits.from_config(plan.config)
-    if plan.dry_run or limits.off:
+    if plan.dry_run or not plan.config.paced:
         return None
     pacer = Pacer(
-        limits,
+        plan.config,
         run.telemetry,
         paced_metric_prefix=M_PACED_PREFIX,
         deadline_remaining=deadline.remaining,

@@ -194,7 +194,7 @@ class KeysetWalk:
             dry_run=self.plan.dry_run,
             last_ended_at=self.after_ended_at.isoformat() if self.claimed else None,
             last_id=str(self.after_id) if self.claimed else None,
-            paced_ms=round(pacer.totals.total * 1000) if pacer is not None else 0,
+            paced_ms=round(pacer.paced_total * 1000) if pacer is not None else 0,
         )
 
     def _reason(self, loops: StopReason) -> StopReason:

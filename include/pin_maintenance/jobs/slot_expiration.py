@@ -75,7 +75,8 @@ from include.pin_maintenance.lifecycle import (
     describe_error,
     job_run,
 )
-from include.pin_maintenance.pacing import Pacer, PacingLimits, paced_metrics
+from include.pin_maintenance.pacing import Pacer, paced_metrics
+from include.pin_maintenance.pacing_config import PacingConfig
 from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
 from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry
@@ -98,7 +99,7 @@ M_ITEMS = "calendar_slot_expiration_items_total"
 M_BACKLOG = "calendar_slot_expiration_backlog"
 M_SKIP_LOCKED = "calendar_slot_expiration_skip_locked_total"
 M_LAST_SUCCESS = "calendar_slot_expiration_last_success_timestamp_seconds"
-# time the loops spent paced, one counter per reason (pacing.paced_metric)
+# time the loops spent paced, one counter per reason (pacing.paced_metrics)
 M_PACED_PREFIX = "calendar_slot_expiration_paced"
 
 SPEC = JobSpec(
@@ -197,7 +198,7 @@ def run(
                     deadline=Deadline(config.max_run_duration_seconds, clock=clock),
                     runners=config.runners,
                     max_batches=config.max_batches_per_cycle,
-                    pacing=PacingLimits.from_config(config),
+                    pacing=config,
                 )
                 result = _expire(conn, loops, started=started, clock=clock, now=now)
         except BaseException as exc:  # the batch in hand rolled back; job_run logs job_failed
@@ -238,7 +239,7 @@ def _expire(
         poison=tuple(cycle.poison),
         backlog=backlog,
         runners=loops.started,
-        paced_ms=_ms(loops.pacer.totals.total) if loops.pacer else 0,
+        paced_ms=_ms(loops.pacer.paced_total) if loops.pacer else 0,
     )
 
 
@@ -283,12 +284,12 @@ class BatchLoops:
         deadline: Deadline,
         runners: int,
         max_batches: int,
-        pacing: PacingLimits,
+        pacing: PacingConfig,
     ) -> None:
         self.connect, self.cycle, self.telemetry, self.stop = connect, cycle, telemetry, stop
         self.deadline, self.runners, self.max_batches = deadline, runners, max_batches
         self.pacer: Pacer | None = None
-        if max_batches > 1 and not pacing.off:  # one batch a cycle needs no pacing
+        if max_batches > 1 and pacing.paced:  # one batch a cycle needs no pacing
             self.pacer = Pacer(
                 pacing,
                 telemetry,
