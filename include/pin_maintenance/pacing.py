@@ -203,7 +203,7 @@ class Pacer:
         self.connections: list[psycopg.Connection] = []
         self.crew = CrewPause(clock)
         self._turn = threading.Lock()  # held by the loop whose batch runs, beside others
-        self._readable = True
+        self._on = config.paced  # and the role may read the signals
         self._lock = threading.Lock()  # everything below
         self.paced_seconds = dict.fromkeys(REASONS, 0.0)  # the crew's time paced, by reason
         self._next_probe = 0.0
@@ -222,11 +222,11 @@ class Pacer:
     def start(self) -> None:
         """Before the crew's batches: what the role may read, and whether others use the
         database (readings spread over 150 ms: a monitor caught just after a poll is not them)."""
-        if not self.config.paced:
+        if not self._on:
             return
         conn = self.connections[0]
-        (self._readable,) = _fetch(conn, "pacing/can_read_activity")
-        if not self._readable:
+        (self._on,) = _fetch(conn, "pacing/can_read_activity")
+        if not self._on:
             self.telemetry.log.warning(
                 "pacing_signal_unavailable",
                 signals=",".join(REASONS),
@@ -244,28 +244,26 @@ class Pacer:
     def _polite(self) -> bool:
         """Others use the database and the WAL budget protects them."""
         with self._lock:
-            return self._readable and self._shared and bool(self.config.max_wal_mb_per_second)
-
-    def batch_size(self) -> int | None:
-        """The job's own, or :func:`shared_batch_size` beside others under the WAL budget."""
-        if self.job_batch_size is None or not self._polite():
-            return self.job_batch_size
-        with self._lock:
-            per_row = statistics.median(self._row_seconds) if self._row_seconds else None
-        return shared_batch_size(per_row, self.job_batch_size)
+            return self._shared and bool(self.config.max_wal_mb_per_second)
 
     @contextlib.contextmanager
-    def turn(self, stop: StopSignal) -> Iterator[None]:
-        """Around each batch: after the crew's pause, and beside others one batch at a time,
-        so the job takes one core from them (three loops side by side on two cores cost the
-        services' p99 more at the same WAL rate: docs/benchmarks.md). On a stop, no turn."""
+    def turn(self, stop: StopSignal) -> Iterator[int | None]:
+        """Around each batch, giving its size: after the crew's pause, and beside others one
+        batch at a time, so the job takes one core from them (three loops side by side on two
+        cores cost the services' p99 more at the same WAL rate: docs/benchmarks.md), sized by
+        :func:`shared_batch_size`; else the job's own size. On a stop, no turn."""
         self.crew.wait(stop)
         polite = self._polite()
         while polite and not self._turn.acquire(timeout=TURN_WAIT_SECONDS):
             if stop.is_set():
                 polite = False
+        size = self.job_batch_size
+        if polite and size is not None:
+            with self._lock:
+                per_row = statistics.median(self._row_seconds) if self._row_seconds else None
+            size = shared_batch_size(per_row, size)
         try:
-            yield
+            yield size
         finally:
             if polite:
                 self._turn.release()
@@ -273,7 +271,7 @@ class Pacer:
     def pace(self, lane: int, stop: StopSignal, batch_seconds: float, rows: int | None) -> None:
         """After a full batch: hold while a replica is behind, then pause the crew until the
         WAL written so far is paid for."""
-        if not self.config.paced or not self._readable:
+        if not self._on:
             return
         if rows:
             with self._lock:

@@ -223,13 +223,10 @@ class BatchPacing(Protocol):
         """Before the crew's first batch, on the caller's thread."""
         ...
 
-    def batch_size(self) -> int | None:
-        """The size of the next batch (None: the job's own batch_size)."""
-        ...
-
-    def turn(self, stop: StopSignal) -> AbstractContextManager[None]:
-        """Held around each batch and its pace: may wait for the crew's pause or for other
-        loops' batches; returns on ``stop``."""
+    def turn(self, stop: StopSignal) -> AbstractContextManager[int | None]:
+        """Held around each batch and its pace, giving the batch's size (None: the job's own
+        batch_size): may wait for the crew's pause or for other loops' batches; returns on
+        ``stop``."""
         ...
 
     def pace(self, lane: int, stop: StopSignal, batch_seconds: float, rows: int | None) -> None:
@@ -261,12 +258,12 @@ def run_batch_loops(
 
     def loop(lane: Lane, batch: Callable[[Lane, int | None], bool]) -> StopReason:
         while True:
-            with pacing.turn(lane.stop) if pacing is not None else contextlib.nullcontext():
+            turn = pacing.turn(lane.stop) if pacing is not None else contextlib.nullcontext()
+            with turn as size:
                 if lane.stop.is_set():
                     return StopReason.CANCELLED
                 if budget.taken and deadline.expired():
                     return StopReason.MAX_DURATION
-                size = pacing.batch_size() if pacing is not None else None
                 if not budget.take(size):
                     return StopReason.MAX_BATCHES
                 started = time.monotonic()

@@ -328,7 +328,8 @@ def test_a_role_without_pg_monitor_runs_unpaced_with_one_warning(db, caplog):
     ):
         paced = started(pacer(lag=2, wal_mb=1), conn)
         probe_until(paced, conn, lambda: False, 1)
-        assert paced.batch_size() is None
+        with paced.turn(StopSignal()) as size:
+            assert size is None
     assert not paced._history and paced.paced_total == 0  # nothing read, nothing paced
     warnings = [
         r.getMessage() for r in caplog.records if "pacing_signal_unavailable" in r.getMessage()

@@ -302,15 +302,12 @@ class RecordingPacing:
     def start(self):
         self.events.append("start")
 
-    def batch_size(self):
-        return self.limit
-
     @contextlib.contextmanager
     def turn(self, stop):
         self.events.append("turn")
         self.inside = True
         try:
-            yield
+            yield self.limit
         finally:
             self.inside = False
 
