@@ -41,9 +41,7 @@ HISTORY_SECONDS = 3600.0  # WAL positions kept for the lag estimate (one every p
 REPLAY_WINDOW_SECONDS = 2.0  # the replica's replay rate is read over this window
 WAL_DEBT_MAX_SECONDS = 2.0  # the WAL-rate bucket's depth, in seconds of the budget
 WAL_PAUSE_MAX = 20.0  # a WAL-rate pause is at most this multiple of the batch's time
-# A crew that ran this long without a WAL-rate pause is back at its own pace: one job_resumed
-# line, not one per batch around the budget.
-WAL_RESUME_SECONDS = 1.0
+WAL_RESUME_SECONDS = 1.0  # this long without a WAL-rate pause ends a spell of them
 MEGABYTE = 1_000_000
 
 REASON_REPLICA_LAG = "replica_lag"
