@@ -245,13 +245,13 @@ def run_batch_loops(
 ) -> StopReason:
     """Run one batch loop per lane (:func:`run_lanes`) and return why the crew stopped.
 
-    ``batches[i](lane, size)`` does one whole batch of lane ``i``, of ``size`` rows (None: the
-    job's batch_size), and returns True when it came back full (more may be due). Each batch
-    runs in a ``pacing`` turn; before it a loop stops on the crew's stop signal, on the deadline
-    (except for the crew's first batch, so a run always makes progress) and on the shared
-    budget, which counts a smaller batch by its share of a whole one. The crew's reason is the
-    strongest of its loops': cancelled, then a bound, then drained. A sibling's failure is
-    re-raised by :func:`run_lanes`.
+    ``batches[i](lane, size)`` does one whole batch of lane ``i``, of ``size`` rows (the
+    ``pacing`` turn's; None: the job's batch_size), and returns True when it came back full
+    (more may be due). Each batch runs in its turn; before it a loop stops on the crew's stop
+    signal, on the deadline (except for the crew's first batch, so a run always makes
+    progress) and on the shared budget, which counts a smaller batch by its share of a whole
+    one. The crew's reason is the strongest of its loops': cancelled, then a bound, then
+    drained. A sibling's failure is re-raised by :func:`run_lanes`.
     """
     if pacing is not None:
         pacing.start()
