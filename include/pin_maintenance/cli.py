@@ -8,6 +8,11 @@ arguments or config (nothing written: the config is checked before anything conn
 3 cancelled by SIGTERM after a clean stop between batches. Log lines go to stderr. A role
 without a privilege the job needs, or a PostgreSQL older than the jobs support, is a
 configuration error too (exit 2, naming it).
+
+``--db-url`` never carries a password: any local user can read another process's command line
+(``ps``), so one is refused before anything connects. The password comes from libpq's own
+sources (``PGPASSWORD``, a password file, a connection service) or from the environment
+variable named by ``--db-password-env``.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -22,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
 from include.pin_maintenance.config import ConfigError, JobConfig
 from include.pin_maintenance.db import Connect, SessionSettings, configured
 from include.pin_maintenance.lifecycle import CONFIG_INVALID, JobSpec, describe_error
@@ -33,6 +39,15 @@ from include.pin_maintenance.stopping import JobCancelled, StopSignal
 from include.pin_maintenance.telemetry import JobLog, Telemetry
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 3
+
+PASSWORD_SOURCES = (
+    "PGPASSWORD, a password file (~/.pgpass or PGPASSFILE), a service in .pg_service.conf "
+    '(--db-url "service=NAME" or PGSERVICE), or --db-password-env VAR'
+)
+REFUSED = (
+    "--db-url must not carry a password: any local user can read a command line (ps). "
+    f"Drop it from the URL and give it through {PASSWORD_SOURCES}."
+)
 
 
 @dataclass(frozen=True)
@@ -122,3 +137,45 @@ def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     print(json.dumps(dict(result), sort_keys=True, default=str), flush=True)
     return EXIT_OK
+
+
+def add_db_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
+    """``--db-url`` (required, no password) and ``--db-password-env``."""
+    parser.add_argument(
+        "--db-url",
+        required=True,
+        help=(
+            f"libpq URL or key=value string of the {what}, without a password; the password "
+            f"comes from {PASSWORD_SOURCES}"
+        ),
+    )
+    parser.add_argument(
+        "--db-password-env",
+        metavar="VAR",
+        default=None,
+        help="name of an environment variable that holds the database password",
+    )
+
+
+def db_conninfo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The connection string to connect with, or exit 2 through ``parser.error``.
+
+    Refuses a URL (or key=value string) that carries a password, naming what to use instead;
+    the refused value is never echoed. With ``--db-password-env`` the password is added here,
+    in memory only.
+    """
+    url = args.db_url
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:  # its text quotes the string, which may hold the password
+        parser.error("--db-url is not a valid libpq URL or key=value connection string")
+    if params.get("password"):
+        parser.error(REFUSED)
+    if args.db_password_env is None:
+        return url
+    password = os.environ.get(args.db_password_env)
+    if not password:
+        parser.error(
+            f"--db-password-env {args.db_password_env}: that environment variable is not set"
+        )
+    return make_conninfo(url, password=password)

@@ -1,5 +1,5 @@
 """The job CLIs' ``--db-url``: a password on the command line is refused; libpq's sources and
-``--db-password-env`` are the ways in (include/pin_maintenance/cli_db.py)."""
+``--db-password-env`` are the ways in (include/pin_maintenance/cli.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import argparse
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from include.pin_maintenance.cli_db import add_db_arguments, db_conninfo
+from include.pin_maintenance.cli import add_db_arguments, db_conninfo
 
 SECRET = "s3cr3t-value"
 
