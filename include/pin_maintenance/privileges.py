@@ -13,17 +13,15 @@ A missing privilege is a configuration problem, not a data problem: nothing a re
 run can fix, so the alert :data:`ALERT` says so, and the Airflow glue fails the task without a
 retry (``Telemetry.refuse``).
 
-The pure part (:func:`shortfalls`, :func:`describe`, :func:`error_text`) turns the server's
+The pure part (:func:`shortfalls`, :func:`describe`, :class:`MissingPrivileges`) turns the server's
 answers into those words; :func:`require` is the one function that queries and raises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-import psycopg
+from typing import Any, Literal, NoReturn
 
 from include.pin_maintenance import server_version, sql
 from include.pin_maintenance.db import Connect
@@ -233,114 +231,96 @@ def describe(role: str, shortfall: Shortfall) -> str:
     return f"role {role} lacks {req.privilege} on {target} ({purpose})"
 
 
-def error_text(job: str, role: str, missing: Sequence[Shortfall]) -> str:
-    """The whole error of a refused run: every required privilege missing, and the fix."""
-    return f"{job}: {'; '.join(describe(role, s) for s in missing)}. Nothing was changed: {FIX}"
-
-
-def alert(job: str, role: str, missing: Sequence[Shortfall]) -> Alert:
-    """The run's one alert: a configuration problem (no data was touched)."""
-    return Alert(
-        ALERT,
-        "critical",
-        f"{job}: role {role} lacks {len(missing)} database "
-        f"privilege{'s' if len(missing) != 1 else ''} the job needs; a configuration problem, "
-        "nothing was changed",
-        {
-            "problem": "configuration",
-            "role": role,
-            "missing": [describe(role, s) for s in missing],
-            "fix": GRANT_SCRIPT,
-        },
-    )
-
-
 class MissingPrivileges(RuntimeError):
-    """The job's role lacks a privilege the run needs; raised before any write."""
+    """The job's role lacks a privilege the run needs; raised before any write. Its text lists
+    every required privilege missing, and the fix."""
 
     alert_event = ALERT  # the task_failed alert that follows names it (one page per event)
 
     def __init__(self, job: str, role: str, missing: Sequence[Shortfall]) -> None:
-        super().__init__(error_text(job, role, missing))
         self.job, self.role, self.missing = job, role, tuple(missing)
+        described = "; ".join(describe(role, s) for s in missing)
+        super().__init__(f"{job}: {described}. Nothing was changed: {FIX}")
+
+    def alert(self) -> Alert:
+        """The run's one alert: a configuration problem (no data was touched)."""
+        n = len(self.missing)
+        return Alert(
+            ALERT,
+            "critical",
+            f"{self.job}: role {self.role} lacks {n} database privilege{'s' if n != 1 else ''} "
+            "the job needs; a configuration problem, nothing was changed",
+            {
+                "problem": "configuration",
+                "role": self.role,
+                "missing": [describe(self.role, s) for s in self.missing],
+                "fix": GRANT_SCRIPT,
+            },
+        )
 
 
 # -- the check --------------------------------------------------------------------------------
 
 
-def ask(
-    conn: psycopg.Connection, requirements: Sequence[Requirement]
-) -> tuple[str, list[bool | None]]:
-    """The connection's role and the server's answer to each of :func:`items`."""
-    asked = items(requirements)
-    if not asked:
-        raise ValueError("no privileges to check")
-    rows = conn.execute(
-        sql.load("privileges/check_role_privileges"),
-        {
-            "kinds": [i.kind for i in asked],
-            "schemas": [i.schema for i in asked],
-            "names": [i.name for i in asked],
-            "columns": [i.column for i in asked],
-            "privileges": [i.privilege for i in asked],
-        },
-    ).fetchall()
-    conn.rollback()
-    return str(rows[0][2]), [row[1] for row in rows]
-
-
-def require(
-    connect: Connect,
-    job: str,
-    telemetry: Telemetry,
-    requirements: Iterable[Requirement] | None = None,
-) -> None:
+def require(connect: Connect, job: str, telemetry: Telemetry) -> None:
     """Check the server's version (:mod:`server_version`), then the job's privileges
-    (:data:`REQUIREMENTS`, or ``requirements``), on one connection of ``connect``, before the
-    run's first statement on a job table. Raise :class:`UnsupportedServer` or
-    :class:`MissingPrivileges` (through ``telemetry.refuse`` when the host has one) after one
-    error line and one alert."""
-    reqs = tuple(REQUIREMENTS[job] if requirements is None else requirements)
+    (:data:`REQUIREMENTS`), on one connection of ``connect``, before the run's first statement
+    on a job table. Raise :class:`UnsupportedServer` or :class:`MissingPrivileges` (through
+    ``telemetry.refuse`` when the host has one) after one error line and one alert."""
+    reqs = REQUIREMENTS[job]
+    asked = items(reqs)
     with telemetry.span(f"{job} privileges"):
         conn = connect()
         try:
             _check_server(job, telemetry, conn.info.server_version)
-            role, answers = ask(conn, reqs)
+            rows = conn.execute(
+                sql.load("privileges/check_role_privileges"),
+                {
+                    "kinds": [i.kind for i in asked],
+                    "schemas": [i.schema for i in asked],
+                    "names": [i.name for i in asked],
+                    "columns": [i.column for i in asked],
+                    "privileges": [i.privilege for i in asked],
+                },
+            ).fetchall()
+            conn.rollback()
         finally:
             conn.close()
-        _judge(job, telemetry, reqs, role, answers)
+        role = str(rows[0][2])
+        missing = shortfalls(reqs, [row[1] for row in rows])
+        if missing:
+            _refuse(
+                telemetry,
+                MissingPrivileges(job, role, missing),
+                "privileges_missing",
+                role=role,
+                missing="; ".join(describe(role, s) for s in missing),
+            )
 
 
 def _check_server(job: str, telemetry: Telemetry, version: int) -> None:
+    fields = {
+        "server_version": server_version.describe(version),
+        "supported": server_version.supported_range(),
+    }
     if not server_version.is_supported(version):
-        error = server_version.UnsupportedServer(job, version)
-        telemetry.log.error(
+        _refuse(
+            telemetry,
+            server_version.UnsupportedServer(job, version),
             "server_unsupported",
-            server_version=server_version.describe(version),
-            supported=server_version.supported_range(),
+            **fields,
         )
-        telemetry.alerts.send(error.alert())
-        raise (telemetry.refuse(error) if telemetry.refuse else error) from None
     if server_version.major_of(version) > server_version.SUPPORTED_MAJORS[-1]:
-        telemetry.log.warning(
-            "server_untested",
-            server_version=server_version.describe(version),
-            supported=server_version.supported_range(),
-        )
+        telemetry.log.warning("server_untested", **fields)
 
 
-def _judge(
-    job: str,
+def _refuse(
     telemetry: Telemetry,
-    reqs: Sequence[Requirement],
-    role: str,
-    answers: Sequence[bool | None],
-) -> None:
-    missing = shortfalls(reqs, answers)
-    if missing:
-        error = MissingPrivileges(job, role, missing)
-        telemetry.log.error(
-            "privileges_missing", role=role, missing="; ".join(describe(role, s) for s in missing)
-        )
-        telemetry.alerts.send(alert(job, role, missing))
-        raise (telemetry.refuse(error) if telemetry.refuse else error) from None
+    error: MissingPrivileges | server_version.UnsupportedServer,
+    event: str,
+    **fields: Any,
+) -> NoReturn:
+    """One error line, one alert, then the error (as the host fails a refused run)."""
+    telemetry.log.error(event, **fields)
+    telemetry.alerts.send(error.alert())
+    raise (telemetry.refuse(error) if telemetry.refuse else error) from None

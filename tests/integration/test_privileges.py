@@ -283,14 +283,12 @@ def test_the_airflow_glue_turns_the_refusal_into_a_failure_without_retry(db: Dat
     provider.shutdown()
 
 
-def test_an_object_the_database_lacks_is_named_as_missing(db: Database):
+def test_an_object_the_database_lacks_is_named_as_missing(db: Database, monkeypatch):
+    monkeypatch.setitem(
+        p.REQUIREMENTS, DETACH, (p.table("SELECT", "news.no_such_table", "a test"),)
+    )
     with pytest.raises(p.MissingPrivileges, match=r"table news\.no_such_table does not exist"):
-        p.require(
-            job_connect(db, DETACH),
-            DETACH,
-            job_telemetry(DETACH),
-            (p.table("SELECT", "news.no_such_table", "a test"),),
-        )
+        p.require(job_connect(db, DETACH), DETACH, job_telemetry(DETACH))
 
 
 # -------------------------------------------------------------------- the grant script

@@ -139,8 +139,10 @@ def test_each_shortfall_names_the_role_the_object_the_privilege_and_its_use(
 
 
 def test_the_error_lists_every_shortfall_says_nothing_changed_and_how_to_fix() -> None:
-    text = p.error_text(
-        "user_activity_retention", "pin_activity", [p.Shortfall(LOCKS), p.Shortfall(DELETE)]
+    text = str(
+        p.MissingPrivileges(
+            "user_activity_retention", "pin_activity", [p.Shortfall(LOCKS), p.Shortfall(DELETE)]
+        )
     )
     assert text == (
         "user_activity_retention: role pin_activity lacks UPDATE on user_activity.sessions "
@@ -159,7 +161,9 @@ def test_the_error_lists_every_shortfall_says_nothing_changed_and_how_to_fix() -
 
 
 def test_the_alert_says_configuration_and_names_what_is_missing() -> None:
-    alert = p.alert("calendar_slot_expiration", "pin_calendar", [p.Shortfall(DELETE)])
+    alert = p.MissingPrivileges(
+        "calendar_slot_expiration", "pin_calendar", [p.Shortfall(DELETE)]
+    ).alert()
     assert (alert.name, alert.severity) == ("database_privileges_missing", "critical")
     assert alert.summary == (
         "calendar_slot_expiration: role pin_calendar lacks 1 database privilege the job needs; "
@@ -171,7 +175,7 @@ def test_the_alert_says_configuration_and_names_what_is_missing() -> None:
         "missing": [p.describe("pin_calendar", p.Shortfall(DELETE))],
         "fix": "include/sql/schema/job_roles.sql",
     }
-    two = p.alert("x", "r", [p.Shortfall(DELETE), p.Shortfall(LOCKS)])
+    two = p.MissingPrivileges("x", "r", [p.Shortfall(DELETE), p.Shortfall(LOCKS)]).alert()
     assert "lacks 2 database privileges" in two.summary
 
 
