@@ -161,7 +161,16 @@ class Telemetry:
         context: Context | None = None,
     ) -> contextlib.AbstractContextManager[Span]:
         """A current span that records an escaping exception by its class name only."""
-        return _span(self.tracer, name, attributes, kind, context)
+        span = self.tracer.start_span(
+            name,
+            context=context,
+            kind=kind,
+            # None values dropped: OpenTelemetry refuses them with a warning per attribute
+            attributes={k: v for k, v in (attributes or {}).items() if v is not None},
+            record_exception=False,  # the SDK would keep str(exc): it may name a URL or a value
+            set_status_on_exception=False,
+        )
+        return resumed(span)
 
     @classmethod
     def local(
@@ -173,32 +182,10 @@ class Telemetry:
 
 
 @contextlib.contextmanager
-def _span(
-    tracer: Tracer,
-    name: str,
-    attributes: Mapping[str, AttrValue | None] | None,
-    kind: SpanKind,
-    context: Context | None,
-) -> Iterator[Span]:
-    with tracer.start_as_current_span(
-        name,
-        context=context,
-        kind=kind,
-        attributes=clean_attributes(attributes),
-        record_exception=False,  # the SDK would keep str(exc): it may name a URL or a value
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-        except BaseException as exc:
-            record_error(span, type(exc).__name__)
-            raise
-
-
-@contextlib.contextmanager
 def resumed(span: Span) -> Iterator[Span]:
-    """Make an already started ``span`` current again and end it on exit (a pipelined batch:
-    started at its claim, ended once its outcomes are recorded)."""
+    """Make a started ``span`` current and end it on exit, recording an escaping exception by
+    its class only (also a pipelined batch's: started at its claim, ended once its outcomes
+    are recorded)."""
     with trace.use_span(
         span, end_on_exit=True, record_exception=False, set_status_on_exception=False
     ) as current:
@@ -216,13 +203,6 @@ def record_error(span: Span, error_type: str) -> None:
         return
     span.set_attribute("error.type", error_type)
     span.set_status(Status(StatusCode.ERROR, error_type))
-
-
-def clean_attributes(
-    attributes: Mapping[str, AttrValue | None] | None,
-) -> dict[str, AttrValue]:
-    """Drop None values (OpenTelemetry refuses them with a warning per attribute)."""
-    return {k: v for k, v in (attributes or {}).items() if v is not None}
 
 
 def set_result(span: Span, result: Mapping[str, Any], prefix: str = "pin.result.") -> None:
