@@ -113,7 +113,8 @@ class _GuardedConnection(psycopg.Connection):
 
 class _GuardedCursor(psycopg.Cursor):
     """In autocommit mode a statement outside any transaction runs in a transaction of its
-    own, so that it gets the local settings too (three round trips instead of one)."""
+    own, so that it gets the local settings too (three round trips instead of one). The jobs
+    use ``execute`` only."""
 
     def execute(self, query, params=None, **kwargs):  # type: ignore[override]
         conn = self.connection
@@ -121,21 +122,6 @@ class _GuardedCursor(psycopg.Cursor):
             with conn.transaction():
                 return super().execute(query, params, **kwargs)
         return super().execute(query, params, **kwargs)
-
-    def executemany(self, query, params_seq, **kwargs):  # type: ignore[override]
-        conn = self.connection
-        if conn.autocommit and conn.info.transaction_status == pq.TransactionStatus.IDLE:
-            with conn.transaction():
-                return super().executemany(query, params_seq, **kwargs)
-        return super().executemany(query, params_seq, **kwargs)
-
-
-def guards_supported() -> bool:
-    """Whether this psycopg has the internal the per-transaction guard hooks into."""
-    base = psycopg.Connection.__mro__[1]
-    return callable(getattr(base, "_exec_command", None)) and callable(
-        getattr(generators, "execute", None)
-    )
 
 
 def configure_session(conn: psycopg.Connection, settings: SessionSettings) -> None:
@@ -145,7 +131,8 @@ def configure_session(conn: psycopg.Connection, settings: SessionSettings) -> No
     """
     if type(conn) is not psycopg.Connection and not isinstance(conn, _GuardedConnection):
         raise TypeError(f"configure_session: a psycopg.Connection is needed, not {type(conn)}")
-    if not guards_supported():
+    base = psycopg.Connection.__mro__[1]
+    if not callable(getattr(base, "_exec_command", None)):
         raise RuntimeError(
             f"psycopg {psycopg.__version__} has no BaseConnection._exec_command: the "
             "per-transaction session guards of include/pin_maintenance/db.py need updating"

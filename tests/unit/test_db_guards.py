@@ -24,8 +24,8 @@ def test_psycopg_version_is_the_one_the_guard_was_checked_with():
 
 
 def test_the_internals_the_guard_uses_exist_with_the_expected_shape():
-    assert db.guards_supported()
     base = psycopg.Connection.__mro__[1]
+    assert callable(base._exec_command) and callable(psycopg.generators.execute)
     params = list(inspect.signature(base._exec_command).parameters)
     assert params == ["self", "command", "result_format"]
     assert inspect.isgeneratorfunction(base._exec_command)
