@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from include.pin_maintenance.backoff import Backoff, backoff_delay, jitter
+from include.pin_maintenance.backoff import Backoff
 
 DEFAULT = Backoff(base_seconds=60, factor=2.0, cap_seconds=1800)
 
@@ -47,7 +47,7 @@ def test_default_backoff_by_attempt(attempts, expected):
     ],
 )
 def test_backoff_table(attempts, base, factor, cap, expected):
-    assert backoff_delay(attempts, base, factor, cap) == pytest.approx(expected)
+    assert Backoff(base, factor, cap).delay(attempts) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("attempts", [1, 2, 3, 5, 6, 20])
@@ -60,12 +60,13 @@ def test_jitter_stays_within_a_tenth_of_the_delay(attempts):
 
 
 def test_jitter_bounds_are_exact_at_the_extremes():
-    assert jitter(100, lambda lo, hi: lo) == 0
-    assert jitter(100, lambda lo, hi: hi) == pytest.approx(10)
+    hundred = Backoff(base_seconds=100, factor=1.0, cap_seconds=100)
+    assert hundred.delay_with_jitter(1, lambda lo, hi: lo) == 100
+    assert hundred.delay_with_jitter(1, lambda lo, hi: hi) == pytest.approx(110)
     assert DEFAULT.delay_with_jitter(6, lambda lo, hi: hi) == pytest.approx(1980)
 
 
 @pytest.mark.parametrize(("base", "factor"), [(0, 2.0), (-1, 2.0), (60, 0.5)])
 def test_invalid_parameters_are_refused(base, factor):
     with pytest.raises(ValueError):
-        backoff_delay(1, base, factor, 1800)
+        Backoff(base, factor, 1800)
