@@ -20,13 +20,12 @@ from tests.job_db import job_connect, job_telemetry
 pytestmark = pytest.mark.integration
 
 
-def _requeue(db, ids=None, all_quarantined=False, dry_run=False, **kwargs):
+def _requeue(db, ids=None, all_quarantined=False, dry_run=False):
     return snapshot_requeue.requeue(
         job_connect(db, snapshot_requeue.JOB),
         job_telemetry(snapshot_requeue.JOB, "requeue_run"),
         parse_choice(ids, all_quarantined),
         dry_run=dry_run,
-        **kwargs,
     )
 
 
@@ -87,10 +86,11 @@ def test_requeue_dry_run_reports_and_changes_nothing(db, outbox):
     assert (report["RequeuedCount"], report["WouldRequeueCount"]) == (0, 3)
 
 
-def test_requeue_report_is_bounded(db):
+def test_requeue_report_is_bounded(db, monkeypatch):
+    monkeypatch.setattr(snapshot_requeue, "REPORT_LIMIT", 2)
     for _ in range(5):
         insert_entry(db, status="Quarantined", attempts=12)
-    result = _requeue(db, all_quarantined=True, report_limit=2)
+    result = _requeue(db, all_quarantined=True)
     assert result.count == 5
     assert len(result.snapshot_ids) == 2 and result.truncated
     assert result.as_dict()["RequeuedCount"] == 5

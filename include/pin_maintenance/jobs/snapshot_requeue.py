@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -145,13 +145,7 @@ class RequeueResult:
 
 
 def requeue(
-    connect: Connect,
-    telemetry: Telemetry,
-    choice: RequeueChoice,
-    *,
-    dry_run: bool = False,
-    now: Callable[[], datetime] = lambda: datetime.now(UTC),
-    report_limit: int = REPORT_LIMIT,
+    connect: Connect, telemetry: Telemetry, choice: RequeueChoice, *, dry_run: bool = False
 ) -> RequeueResult:
     """Requeue (or, with ``dry_run``, list) the chosen Quarantined rows in one transaction."""
     with job_run(SPEC, telemetry) as run:
@@ -159,10 +153,10 @@ def requeue(
         run.started(choice=choice.describe(), dry_run=dry_run)
         privileges.require(connect, JOB, telemetry)  # before any write
         result = RequeueResult(dry_run=dry_run, choice=choice.describe())
-        moved = _requeue_or_select(connect, choice, result, now(), dry_run=dry_run)
+        moved = _requeue_or_select(connect, choice, result, dry_run=dry_run)
         result.count = len(moved)
-        result.snapshot_ids = moved[:report_limit]
-        result.truncated = len(moved) > report_limit
+        result.snapshot_ids = moved[:REPORT_LIMIT]
+        result.truncated = len(moved) > REPORT_LIMIT
         run.completed(
             result.as_dict(),
             duration_seconds=time.monotonic() - started,
@@ -177,17 +171,12 @@ def requeue(
 
 
 def _requeue_or_select(
-    connect: Connect,
-    choice: RequeueChoice,
-    result: RequeueResult,
-    now: datetime,
-    *,
-    dry_run: bool,
+    connect: Connect, choice: RequeueChoice, result: RequeueResult, *, dry_run: bool
 ) -> list[str]:
     """The snapshot ids moved (or, dry run, that would move), sorted; a requested id that did
     not move goes into ``result.skipped`` with why."""
     params = {
-        "now": now,
+        "now": datetime.now(UTC),
         "all_quarantined": choice.all_quarantined,
         "snapshot_ids": list(choice.snapshot_ids),
     }
