@@ -304,12 +304,8 @@ def _check_server(job: str, telemetry: Telemetry, version: int) -> None:
         "supported": server_version.supported_range(),
     }
     if not server_version.is_supported(version):
-        _refuse(
-            telemetry,
-            server_version.UnsupportedServer(job, version),
-            "server_unsupported",
-            **fields,
-        )
+        error = server_version.UnsupportedServer(job, version)
+        _refuse(telemetry, error, "server_unsupported", **fields)
     if server_version.major_of(version) > server_version.SUPPORTED_MAJORS[-1]:
         telemetry.log.warning("server_untested", **fields)
 

@@ -28,6 +28,4 @@ def load(name: str) -> str:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UnknownQuery(f"no SQL file {path.relative_to(SQL_DIR.parent)}") from None
-    if not text.strip():
-        raise UnknownQuery(f"SQL file {path.relative_to(SQL_DIR.parent)} is empty")
     return text
