@@ -300,49 +300,36 @@ def advisory_lock(connect: Connect, name: str, ttl_seconds: float) -> Iterator[b
             conn.close()
 
 
-@dataclass(frozen=True)
-class LockHolder:
-    pid: int
-    application_name: str
-    # None when the holder is another role and ours may not see its times (pg_stat_activity
-    # shows them only to the same role, a superuser or a member of pg_read_all_stats)
-    held_seconds: float | None
+def lock_held_too_long(
+    connect: Connect, name: str, limit_seconds: float, *, job: str
+) -> Alert | None:
+    """A ``lock_held_too_long`` alert when the session holding advisory lock ``name`` has held
+    it past the limit.
 
-
-def lock_holder(connect: Connect, name: str) -> LockHolder | None:
-    """The session holding advisory lock ``name`` and how long it has held it, if any."""
+    Called on the lock-busy path: a holder older than a whole bounded run is a stuck worker
+    (or a manual session) that keeps every scheduled run skipping. A holder of another role
+    may hide its times from ours (pg_stat_activity shows them only to the same role, a
+    superuser or a member of pg_read_all_stats): no alert then.
+    """
     unsigned = lock_key(name) & 0xFFFF_FFFF_FFFF_FFFF
     with connect() as conn:
         row = conn.execute(
             sql.load("locks/find_advisory_lock_holder"),
             {"classid": unsigned >> 32, "objid": unsigned & 0xFFFF_FFFF},
         ).fetchone()
-    if row is None:
+    if row is None or row[2] is None or float(row[2]) <= limit_seconds:
         return None
-    return LockHolder(int(row[0]), str(row[1]), None if row[2] is None else float(row[2]))
-
-
-def lock_held_too_long(
-    connect: Connect, name: str, limit_seconds: float, *, job: str
-) -> Alert | None:
-    """A ``lock_held_too_long`` alert when the lock we found busy has been held past the limit.
-
-    Called on the lock-busy path: a holder older than a whole bounded run is a stuck worker
-    (or a manual session) that keeps every scheduled run skipping.
-    """
-    holder = lock_holder(connect, name)
-    if holder is None or holder.held_seconds is None or holder.held_seconds <= limit_seconds:
-        return None
+    pid, application_name, held_seconds = int(row[0]), str(row[1]), float(row[2])
     return Alert(
         "lock_held_too_long",
         "warning",
-        f"{job}: lock {name!r} held for {holder.held_seconds:.0f}s by pid {holder.pid} "
-        f"({holder.application_name or 'no application_name'}); runs skip until it is released",
+        f"{job}: lock {name!r} held for {held_seconds:.0f}s by pid {pid} "
+        f"({application_name or 'no application_name'}); runs skip until it is released",
         {
             "lock": name,
-            "pid": holder.pid,
-            "application_name": holder.application_name,
-            "held_seconds": round(holder.held_seconds),
+            "pid": pid,
+            "application_name": application_name,
+            "held_seconds": round(held_seconds),
             "limit_seconds": limit_seconds,
         },
     )

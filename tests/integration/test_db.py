@@ -13,7 +13,6 @@ from include.pin_maintenance.db import (
     configure_session,
     configured,
     lock_held_too_long,
-    lock_holder,
     lock_key,
 )
 
@@ -136,8 +135,13 @@ def test_lock_does_not_leak_into_a_reused_connection(db):
         conn.close()
 
 
+def holder(db, name: str):
+    """The alert for any holder of lock ``name`` (a limit no hold is under), or None."""
+    return lock_held_too_long(db.connect, name, -1, job="j")
+
+
 def test_lock_holder_names_the_holding_session_and_its_age(db):
-    assert lock_holder(db.connect, "job:h") is None
+    assert holder(db, "job:h") is None
     opened = []
 
     def connect():
@@ -148,12 +152,12 @@ def test_lock_holder_names_the_holding_session_and_its_age(db):
     with advisory_lock(connect, "job:h", ttl_seconds=30) as got:
         assert got
         [lock_conn] = opened  # the lock's own, dedicated connection
-        holder = lock_holder(db.connect, "job:h")
-        assert holder is not None
-        assert holder.pid == lock_conn.info.backend_pid
-        assert 0 <= holder.held_seconds < 60
-        assert lock_holder(db.connect, "job:other") is None
-    assert lock_holder(db.connect, "job:h") is None
+        alert = holder(db, "job:h")
+        assert alert is not None
+        assert alert.details["pid"] == lock_conn.info.backend_pid
+        assert 0 <= alert.details["held_seconds"] < 60
+        assert holder(db, "job:other") is None
+    assert holder(db, "job:h") is None
 
 
 def test_lock_held_too_long_alerts_only_past_the_limit(db):
@@ -171,5 +175,5 @@ def test_lock_held_too_long_alerts_only_past_the_limit(db):
 def test_lock_holder_finds_a_session_level_lock_too(db):
     with db.connect(autocommit=True) as other:
         other.execute("select pg_advisory_lock(%s)", [lock_key("job:session")])
-        holder = lock_holder(db.connect, "job:session")
-        assert holder is not None and holder.pid == other.info.backend_pid
+        alert = holder(db, "job:session")
+        assert alert is not None and alert.details["pid"] == other.info.backend_pid
