@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import Literal, NoReturn
 
 from include.pin_maintenance import server_version, sql
 from include.pin_maintenance.db import Connect
@@ -289,34 +289,30 @@ def require(connect: Connect, job: str, telemetry: Telemetry) -> None:
         role = str(rows[0][2])
         missing = shortfalls(reqs, [row[1] for row in rows])
         if missing:
-            _refuse(
-                telemetry,
-                MissingPrivileges(job, role, missing),
-                "privileges_missing",
-                role=role,
-                missing="; ".join(describe(role, s) for s in missing),
-            )
+            described = "; ".join(describe(role, s) for s in missing)
+            telemetry.log.error("privileges_missing", role=role, missing=described)
+            _refuse(telemetry, MissingPrivileges(job, role, missing))
 
 
 def _check_server(job: str, telemetry: Telemetry, version: int) -> None:
-    fields = {
-        "server_version": server_version.describe(version),
-        "supported": server_version.supported_range(),
-    }
     if not server_version.is_supported(version):
-        error = server_version.UnsupportedServer(job, version)
-        _refuse(telemetry, error, "server_unsupported", **fields)
+        telemetry.log.error(
+            "server_unsupported",
+            server_version=server_version.describe(version),
+            supported=server_version.supported_range(),
+        )
+        _refuse(telemetry, server_version.UnsupportedServer(job, version))
     if server_version.major_of(version) > server_version.SUPPORTED_MAJORS[-1]:
-        telemetry.log.warning("server_untested", **fields)
+        telemetry.log.warning(
+            "server_untested",
+            server_version=server_version.describe(version),
+            supported=server_version.supported_range(),
+        )
 
 
 def _refuse(
-    telemetry: Telemetry,
-    error: MissingPrivileges | server_version.UnsupportedServer,
-    event: str,
-    **fields: Any,
+    telemetry: Telemetry, error: MissingPrivileges | server_version.UnsupportedServer
 ) -> NoReturn:
-    """One error line, one alert, then the error (as the host fails a refused run)."""
-    telemetry.log.error(event, **fields)
+    """The refusal's one alert, then its error (as the host fails a refused run)."""
     telemetry.alerts.send(error.alert())
     raise (telemetry.refuse(error) if telemetry.refuse else error) from None
