@@ -103,31 +103,26 @@ def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stderr
     )
     log = JobLog(cli.spec.job, args.run_id or f"cli__{uuid.uuid4().hex[:12]}")
-    try:
-        config = cli.spec.config.resolve(args.config, None, variable_source="--config")
-    except ConfigError as exc:
-        log.error(CONFIG_INVALID, error=str(exc))
-        print(describe_error(exc), file=sys.stderr)  # for a terminal, as a failure's line
-        return EXIT_USAGE
     session = cli.session_for(args) if cli.session_for is not None else cli.session
     stop = StopSignal()
-    run = CliRun(
-        args=args,
-        config=config,
-        connect=configured(lambda: psycopg.connect(conninfo), session),
-        telemetry=Telemetry.local(log),
-        stop=stop,
-        dry_run=args.dry_run,
-    )
     try:
+        run = CliRun(
+            args=args,
+            config=cli.spec.config.resolve(args.config, None, variable_source="--config"),
+            connect=configured(lambda: psycopg.connect(conninfo), session),
+            telemetry=Telemetry.local(log),
+            stop=stop,
+            dry_run=args.dry_run,
+        )
         with stop.on_sigterm():
             result = cli.run(run)
     except JobCancelled:  # the lifecycle logged job_cancelled
         if cli.cancelled_output is not None:
             print(json.dumps(dict(cli.cancelled_output), sort_keys=True), flush=True)
         return EXIT_CANCELLED
-    except ConfigError as exc:
+    except ConfigError as exc:  # the config, checked before anything connects, or a run's rule
         log.error(CONFIG_INVALID, error=str(exc))
+        print(describe_error(exc), file=sys.stderr)  # for a terminal, as a failure's line
         return EXIT_USAGE
     except (MissingPrivileges, UnsupportedServer) as exc:  # set-up, not data: nothing written
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
