@@ -180,26 +180,21 @@ def _requeue_or_select(
         "all_quarantined": choice.all_quarantined,
         "snapshot_ids": list(choice.snapshot_ids),
     }
-    conn = connect()
-    try:
-        # dry run: a read-only select of the same rows the update would move
-        query = "news/select_quarantined_entries" if dry_run else "news/requeue_quarantined_entries"
-        with conn.transaction():
-            rows = conn.execute(sql.load(query), params).fetchall()
-            moved = sorted(str(r[1]) for r in rows)
-            if choice.snapshot_ids:
-                statuses: dict[str, set[str]] = {}
-                for sid, status in conn.execute(
-                    sql.load("news/select_entry_statuses"), params
-                ).fetchall():
-                    statuses.setdefault(str(sid), set()).add(status)
-                moved_set = set(moved)
-                for sid in choice.snapshot_ids:
-                    if sid not in moved_set:
-                        found = statuses.get(sid)
-                        result.skipped[sid] = (
-                            ",".join(sorted(found)) if found else "not found"
-                        ) + (" (only Quarantined rows are requeued)" if found else "")
-    finally:
-        conn.close()
+    # dry run: a read-only select of the same rows the update would move
+    query = "news/select_quarantined_entries" if dry_run else "news/requeue_quarantined_entries"
+    statuses: dict[str, set[str]] = {}
+    with connect() as conn, conn.transaction():
+        moved = sorted(str(r[1]) for r in conn.execute(sql.load(query), params).fetchall())
+        if choice.snapshot_ids:
+            for sid, status in conn.execute(sql.load("news/select_entry_statuses"), params):
+                statuses.setdefault(str(sid), set()).add(status)
+    moved_set = set(moved)
+    for sid in choice.snapshot_ids:
+        if sid not in moved_set:
+            found = statuses.get(sid)
+            result.skipped[sid] = (
+                f"{','.join(sorted(found))} (only Quarantined rows are requeued)"
+                if found
+                else "not found"
+            )
     return moved
