@@ -20,11 +20,10 @@ from include.pin_maintenance.jobs import activity_retention
 from include.pin_maintenance.pacing import (
     PROBE_INTERVAL_SECONDS,
     REASON_WAL_RATE,
-    SHARED_BATCH_MIN,
-    SHARED_BATCH_SECONDS,
     Pacer,
 )
 from include.pin_maintenance.pacing_config import PACING_OFF, PacingConfig
+from include.pin_maintenance.pacing_rules import SHARED_BATCH_MIN, SHARED_BATCH_SECONDS
 from include.pin_maintenance.parallel import BatchBudget, Deadline, run_batch_loops
 from include.pin_maintenance.stopping import StopSignal
 from include.pin_maintenance.telemetry import JobLog, RecordingMetrics, Telemetry

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from include.pin_maintenance.pacing import (
+from include.pin_maintenance.pacing_config import PacingConfig
+from include.pin_maintenance.pacing_rules import (
     REPLAY_WINDOW_SECONDS,
     SHARED_BATCH_MIN,
     SHARED_BATCH_SECONDS,
@@ -16,7 +17,6 @@ from include.pin_maintenance.pacing import (
     shared_batch_size,
     wal_paid_until,
 )
-from include.pin_maintenance.pacing_config import PacingConfig
 
 
 def reading(at: float, wal: int, replay: int | None, replay_lag: float | None = None) -> Reading:
