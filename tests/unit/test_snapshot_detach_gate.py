@@ -64,7 +64,7 @@ def test_gate_admits_up_to_the_limit_and_grows():
     gate.release(first, "r1", answer(200))
     assert blocked.wait(2)
     waiter.join(2)
-    assert gate.limit.slots == 1 and gate.stats.peak_in_flight == 1
+    assert gate.limit.slots == 1 and gate.stats.concurrency_peak == 1
     gate.release(got[0], "r2", answer(200))
     for i in range(WINDOW_MIN_CALLS):  # a window of healthy answers at the limit: it grows
         gate.release(gate.acquire(), f"w{i}", answer(200))
@@ -95,11 +95,11 @@ def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
     _traffic(gate, now, 0.55)  # while the others get through
     now[0] = 0.6
     ticket = gate.acquire()  # the gate looks at the calls in flight whenever it admits one
-    assert gate.stats.stalls == 1 and gate.limit.slots == 4
+    assert gate.stats.call_stalls == 1 and gate.limit.slots == 4
     assert not gate.release(ticket, "fast", answer(200))
     now[0] = 1.02
     assert not gate.release(stuck, "slow", answer(200))  # counted once, not again
-    assert gate.stats.stalls == 1 and gate.limit.cuts == 1
+    assert gate.stats.call_stalls == 1 and gate.limit.cuts == 1
 
 
 def test_a_pause_of_the_whole_process_is_not_a_stall():
@@ -110,13 +110,13 @@ def test_a_pause_of_the_whole_process_is_not_a_stall():
     now[0] = 0.65
     for i, ticket in enumerate(tickets):
         assert not gate.release(ticket, f"r{i}", answer(200))
-    assert gate.stats.stalls == 0 and gate.limit.slots == 8
+    assert gate.stats.call_stalls == 0 and gate.limit.slots == 8
     # while workers keep passing the gate, a call left behind is a stall
     stuck = gate.acquire()
     for step in range(1, 7):
         now[0] = 0.65 + 0.1 * step
         gate.release(gate.acquire(), f"f{step}", answer(200))
-    assert gate.stats.stalls == 1
+    assert gate.stats.call_stalls == 1
     gate.release(stuck, "stuck", answer(200))
 
 
@@ -126,7 +126,7 @@ def test_a_stalled_call_lost_while_the_service_answered_others_may_be_made_again
     _traffic(gate, now, 5.0)  # calls started after it are answered
     now[0] = 5.0
     assert gate.release(lost, "lost", answer(error_class="Timeout"))
-    assert gate.stats.retried == 1
+    assert gate.stats.call_retries == 1
     # a service that answers nobody (an outage) gets no second call
     down = gate.acquire()
     now[0] = 10.0
@@ -143,7 +143,7 @@ def test_a_connection_lost_fast_while_the_service_answered_others_may_be_made_ag
     gate.release(gate.acquire(), "later", answer(200))  # started after it, answered
     now[0] = 0.03  # well before a stall: the connection was reset, not dropped
     assert gate.release(reset, "reset", answer(error_class="ConnectionError"))
-    assert gate.stats.retried == 1 and gate.stats.stalls == 0
+    assert gate.stats.call_retries == 1 and gate.stats.call_stalls == 0
 
 
 def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():
@@ -153,7 +153,9 @@ def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():
     started = time.monotonic()
     assert gate.acquire() is not None
     assert time.monotonic() - started >= 0.35
-    assert gate.stats.throttled == 1 and gate.stats.paused_seconds == pytest.approx(0.4, 0.1)
+    assert gate.stats.throttled == 1 and gate.stats.retry_after_paused_seconds == pytest.approx(
+        0.4, 0.1
+    )
 
     short = _gate(deadline=Deadline(1))
     ticket = short.acquire()
@@ -161,13 +163,13 @@ def test_gate_pauses_for_retry_after_and_stops_past_the_deadline():
     started = time.monotonic()
     assert short.acquire() is None  # the pause outlasts the run: stop calling at once
     assert time.monotonic() - started < 0.5
-    assert short.stats.stopped_by_retry_after
+    assert short.retry_after_stopped
 
     long = _gate()
     ticket = long.acquire()
     long.release(ticket, "r1", answer(429, retry_after_seconds=MAX_PAUSE_SECONDS + 1))
     assert long.acquire() is None  # too long to sit out: stop calling for this run
-    assert long.stats.stopped_by_retry_after
+    assert long.retry_after_stopped
 
 
 def test_gate_refuses_calls_once_the_breaker_is_open():
@@ -176,7 +178,7 @@ def test_gate_refuses_calls_once_the_breaker_is_open():
     for i in range(3):
         ticket = gate.acquire()
         gate.release(ticket, f"r{i}", answer(500))
-    assert gate.is_open and opened == [500]
+    assert gate.outage_breaker.is_open and opened == [500]
     assert gate.acquire() is None
     assert gate.outage_row("r0") and not gate.outage_row("r9")
 
@@ -199,7 +201,7 @@ def test_an_overshoot_burst_of_refusals_does_not_open_the_breaker():
     tickets = [gate.acquire() for _ in range(9)]
     for i, ticket in enumerate(tickets[:5]):
         gate.release(ticket, f"r{i}", answer(503))
-    assert not gate.is_open  # one cut, one congestion event
+    assert not gate.outage_breaker.is_open  # one cut, one congestion event
     assert gate.limit.cuts == 1
     for i, ticket in enumerate(tickets[5:]):
         gate.release(ticket, f"ok{i}", answer(200))
@@ -207,7 +209,7 @@ def test_an_overshoot_burst_of_refusals_does_not_open_the_breaker():
     for i in range(3):
         ticket = gate.acquire()
         gate.release(ticket, f"o{i}", answer(503))
-    assert gate.is_open
+    assert gate.outage_breaker.is_open
 
 
 def test_stale_failures_of_a_streak_that_opens_are_given_back_too():
@@ -217,5 +219,5 @@ def test_stale_failures_of_a_streak_that_opens_are_given_back_too():
         gate.release(ticket, f"s{i}", answer(503))  # one cut, three stale
     ticket = gate.acquire()
     gate.release(ticket, "next", answer(503))  # started after the cut: counts
-    assert gate.is_open
+    assert gate.outage_breaker.is_open
     assert all(gate.outage_row(r) for r in ("s0", "s1", "s2", "s3", "next"))

@@ -30,7 +30,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -738,8 +738,8 @@ class _Run:
         """Why no further batch is claimed, or None (the first batch is always claimed)."""
         if self.stop.is_set():
             return StopReason.CANCELLED
-        if self.gate.calls_stopped:
-            return "calls_stopped"  # _report names why
+        if self.gate.stop_reason:
+            return self.gate.stop_reason
         if batches and self.gate.deadline_reached:
             return StopReason.MAX_DURATION
         return None
@@ -839,31 +839,17 @@ class _Run:
 
     def _report(self, pipeline_reason: StopReason | str | None) -> None:
         """What the gate saw into the result, the run's stop reason and its summary alerts."""
-        gate, stats, r = self.gate, self.gate.stats, self.result
-        r.calls = stats.calls
-        r.throttled = stats.throttled
-        r.retry_after_paused_seconds = stats.paused_seconds
+        gate, r = self.gate, self.result
+        for name, value in asdict(gate.stats).items():
+            setattr(r, name, value)
         r.concurrency_limit = gate.limit.slots
-        r.concurrency_peak = stats.peak_in_flight
-        r.call_stalls = stats.stalls
-        r.call_retries = stats.retried
         r.misrouted = gate.misroute.is_open
-        r.breaker_open = gate.is_open
-        if gate.is_open:
-            r.breaker_failures = gate.outage_breaker.failures_at_open
+        r.breaker_open = gate.outage_breaker.is_open
+        r.breaker_failures = gate.outage_breaker.failures_at_open
         self.metrics.gauge(Metric.CONCURRENCY, r.concurrency_limit)
-        # why calls stopped, if they did (refused credentials first), else why claiming did
-        if gate.auth_rejected:
-            r.stop_reason = "auth_failed"
-        elif gate.is_open:
-            r.stop_reason = "selections_unavailable"
-        elif gate.misroute.is_open:
-            r.stop_reason = "selections_misrouted"
-        elif stats.stopped_by_retry_after:
-            r.stop_reason = "retry_after"
-        else:
-            r.stop_reason = str(pipeline_reason or StopReason.DRAINED)
-        if stats.stopped_by_retry_after and not gate.is_open:
+        # why calls stopped, if they did, else why claiming did
+        r.stop_reason = gate.stop_reason or str(pipeline_reason or StopReason.DRAINED)
+        if gate.retry_after_stopped and not r.breaker_open:
             self.log.warning("calls_paused_past_run_bound", throttled=r.throttled)
         quarantined = r.quarantined
         self.outcomes.quarantine_alerts.summarize(
@@ -879,7 +865,7 @@ class _Run:
             self.outcomes.alert_misrouted(
                 self.config.misroute_quarantine_limit, gate.misroute.quarantined_404s
             )
-        if gate.is_open:
+        if r.breaker_open:
             self.metrics.incr(Metric.BREAKER_OPEN)
             self.alerts.send(
                 Alert(

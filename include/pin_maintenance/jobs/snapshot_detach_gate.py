@@ -8,7 +8,6 @@ is as it is: docs/design/detach.md. The rules (:class:`AdaptiveLimit`, :class:`B
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 from collections.abc import Callable
@@ -212,24 +211,25 @@ class Misroute:
         return True
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Ticket:
-    """One admitted call: the epoch it started in and when."""
+    """One admitted call: the epoch it started in, when, and whether it was seen stalled."""
 
     epoch: int
     started: float
-    number: int = 0
+    stalled: bool = False
 
 
 @dataclass
 class GateStats:
+    """What the gate saw, under the run result's names (``DetachResult``)."""
+
     calls: int = 0
     throttled: int = 0  # answers that throttle (answer table)
-    peak_in_flight: int = 0
-    stalls: int = 0  # calls seen in flight past the limit's stall time
-    retried: int = 0  # of them, calls lost to the job's own overload and made once more
-    paused_seconds: float = 0.0
-    stopped_by_retry_after: bool = False
+    concurrency_peak: int = 0  # most calls in flight at once
+    call_stalls: int = 0  # calls seen in flight past the limit's stall time
+    call_retries: int = 0  # calls lost to the job's own overload and made once more
+    retry_after_paused_seconds: float = 0.0
 
 
 class CallGate:
@@ -254,16 +254,14 @@ class CallGate:
         self.misroute = Misroute(misroute_limit if misroute_limit is not None else 1 << 30)
         self.stats = GateStats()
         self.auth_rejected = False  # a 401/403 answer: the credentials are refused
+        self.retry_after_stopped = False  # a Retry-After the run's bound cannot sit out
         self._deadline = deadline
         self._call_seconds = call_seconds
         self._stopped = stopped
         self._on_open = on_open
         self._clock = deadline.clock
         self._cond = threading.Condition()
-        self._in_flight = 0
-        self._active: dict[int, Ticket] = {}  # calls in flight, by ticket number
-        self._stalled: set[int] = set()  # of them, those already counted as stalls
-        self._numbers = itertools.count(1)
+        self._active: set[Ticket] = set()  # calls in flight
         self._answered_started = float("-inf")  # the latest start of a call that was answered
         self._next_stall_scan = float("-inf")
         self._last_event = float("-inf")  # when a worker last passed the gate
@@ -271,20 +269,17 @@ class CallGate:
         self._paused_until = 0.0
 
     @property
-    def is_open(self) -> bool:
-        """The outage breaker is open."""
-        return self.outage_breaker.is_open
-
-    @property
-    def calls_stopped(self) -> bool:
-        """No call starts for the rest of the run: outage, misroute, refused credentials or a
-        Retry-After past the run's bound."""
-        return (
-            self.outage_breaker.is_open
-            or self.misroute.is_open
-            or self.auth_rejected
-            or self.stats.stopped_by_retry_after
-        )
+    def stop_reason(self) -> str | None:
+        """Why no call starts for the rest of the run (refused credentials first), or None."""
+        if self.auth_rejected:
+            return "auth_failed"
+        if self.outage_breaker.is_open:
+            return "selections_unavailable"
+        if self.misroute.is_open:
+            return "selections_misrouted"
+        if self.retry_after_stopped:
+            return "retry_after"
+        return None
 
     @property
     def deadline_reached(self) -> bool:
@@ -307,25 +302,25 @@ class CallGate:
     def acquire(self) -> Ticket | None:
         with self._cond:
             while True:
-                if self.calls_stopped or self._stopped() or self.deadline_reached:
+                if self.stop_reason or self._stopped() or self.deadline_reached:
                     return None
                 now = self._clock()
                 if self._paused_until > now:
                     # the pause must end while a whole call still fits before the deadline
                     if self._paused_until - now > self._deadline.remaining() - self._call_seconds:
-                        self.stats.stopped_by_retry_after = True
+                        self.retry_after_stopped = True
                         self._cond.notify_all()
                         return None
                     self._cond.wait(self._deadline.timeout(min(self._paused_until - now, 0.2)))
                     continue
                 self._check_stalls(now)
-                if self._in_flight < self.limit.slots:
-                    self._in_flight += 1
+                if len(self._active) < self.limit.slots:
+                    ticket = Ticket(self.limit.epoch, now)
+                    self._active.add(ticket)
                     self.stats.calls += 1
-                    self.stats.peak_in_flight = max(self.stats.peak_in_flight, self._in_flight)
-                    self.limit.on_start(self._in_flight)
-                    ticket = Ticket(self.limit.epoch, now, next(self._numbers))
-                    self._active[ticket.number] = ticket
+                    in_flight = len(self._active)
+                    self.stats.concurrency_peak = max(self.stats.concurrency_peak, in_flight)
+                    self.limit.on_start(in_flight)
                     return ticket
                 # woken by a release; the timeout rechecks the stop signal and the deadline
                 self._cond.wait(self._deadline.timeout(WAIT_SLICE_SECONDS))
@@ -347,10 +342,10 @@ class CallGate:
         if now < self._next_stall_scan:
             return
         self._next_stall_scan = now + STALL_SCAN_SECONDS
-        for number, ticket in self._active.items():
-            if number not in self._stalled and self._stalled_now(ticket, now):
-                self._stalled.add(number)
-                self.stats.stalls += 1
+        for ticket in self._active:
+            if not ticket.stalled and self._stalled_now(ticket, now):
+                ticket.stalled = True
+                self.stats.call_stalls += 1
                 self.limit.on_congestion(ticket.epoch, now)
 
     def release(self, ticket: Ticket, row_id: str, answer: Answer) -> bool:
@@ -358,16 +353,13 @@ class CallGate:
         the service answered calls started after it (the job's own overload lost it)."""
         opened = False
         with self._cond:
-            self._in_flight -= 1
             now = self._clock()
             self._check_stalls(now)
-            self._active.pop(ticket.number, None)
+            self._active.discard(ticket)
             # this call: a stall is a stall however it ends
-            stalled = ticket.number in self._stalled or self._stalled_now(ticket, now)
-            if stalled and ticket.number not in self._stalled:
-                self.stats.stalls += 1
+            if not ticket.stalled and self._stalled_now(ticket, now):
+                self.stats.call_stalls += 1
                 self.limit.on_congestion(ticket.epoch, now)
-            self._stalled.discard(ticket.number)
             if answer.load is Load.LATENCY:
                 self.limit.on_answer(ticket.started, now)
                 self._answered_started = max(self._answered_started, ticket.started)
@@ -376,11 +368,13 @@ class CallGate:
                 self.stats.throttled += 1
                 wait = answer.retry_after_seconds
                 if wait and wait > MAX_PAUSE_SECONDS:
-                    self.stats.stopped_by_retry_after = True
+                    self.retry_after_stopped = True
                 elif wait:
                     until = now + wait
                     if until > self._paused_until:
-                        self.stats.paused_seconds += until - max(self._paused_until, now)
+                        self.stats.retry_after_paused_seconds += until - max(
+                            self._paused_until, now
+                        )
                         self._paused_until = until
             # a failure of a call started before the last cut is that cut's congestion
             stale = not cut and ticket.epoch < self.limit.epoch
@@ -388,17 +382,17 @@ class CallGate:
             self.misroute.record(row_id, answer.route)
             if answer.stops_calls:
                 self.auth_rejected = True
-            if self.calls_stopped:
+            if self.stop_reason:
                 self._cond.notify_all()  # every waiting worker returns
             else:  # wake only as many waiting workers as there are free slots
-                self._cond.notify(max(1, self.limit.slots - self._in_flight))
+                self._cond.notify(max(1, self.limit.slots - len(self._active)))
             retry = (
                 answer.lost_in_transport
                 and self._answered_started > ticket.started
-                and not self.calls_stopped
+                and not self.stop_reason
             )
             if retry:
-                self.stats.retried += 1
+                self.stats.call_retries += 1
         if opened:
             self._on_open(self.outage_breaker, answer)
         return retry
