@@ -154,3 +154,27 @@ def test_runs_as_a_module_and_prints_its_url():
         proc.wait(timeout=10)
         proc.stdout.close()
     assert proc.returncode == 0
+
+
+class _BasicAuthObject(requests.auth.AuthBase):
+    """An auth object the urllib3 pool cannot copy: the session's own requests path sends."""
+
+    def __call__(self, request):
+        return requests.auth.HTTPBasicAuth(DEFAULT_LOGIN, DEFAULT_PASSWORD)(request)
+
+
+def test_a_session_the_pool_cannot_copy_sends_through_requests(svc):
+    def session():
+        s = basic_auth_session(None, None)
+        s.auth = _BasicAuthObject()
+        return s
+
+    sid = _sid()
+    svc.script(sid, "rate_limited")
+    with HttpDetachClient(svc.url, session) as client:
+        assert client._transport is None
+        assert client.call(sid, "BlockReplaced", "k", timeout=2) == CallOutcome(
+            429, retry_after_seconds=42
+        )
+        assert client.call(_sid(), "BlockReplaced", "k", timeout=2) == CallOutcome(200)
+    assert svc.calls_for(sid)[0].authorized

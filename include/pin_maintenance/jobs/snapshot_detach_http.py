@@ -187,19 +187,8 @@ class HttpDetachClient:
         self._local = threading.local()
         self._sessions: list[requests.Session] = []
         self._lock = threading.Lock()
-        self._transport: _PooledTransport | None = None
-        self._transport_checked = False
-
-    def _pooled(self) -> _PooledTransport | None:
-        with self._lock:
-            if not self._transport_checked:
-                self._transport_checked = True
-                session = self._session_factory()
-                try:
-                    self._transport = _PooledTransport.from_session(session, self.base_url)
-                finally:
-                    session.close()
-            return self._transport
+        with session_factory() as session:
+            self._transport = _PooledTransport.from_session(session, self.base_url)
 
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
@@ -214,9 +203,8 @@ class HttpDetachClient:
         self, snapshot_id: str, reason: str, idempotency_key: str, timeout: float
     ) -> CallOutcome:
         url = self.base_url + DETACH_PATH.format(snapshot_id=snapshot_id)
-        transport = self._pooled()
-        if transport is not None:
-            return transport.call(url, reason, idempotency_key, timeout)
+        if self._transport is not None:
+            return self._transport.call(url, reason, idempotency_key, timeout)
         headers = {IDEMPOTENCY_HEADER: idempotency_key}
         _TRACE_CONTEXT.inject(headers)
         try:
@@ -241,11 +229,10 @@ class HttpDetachClient:
     def close(self) -> None:
         with self._lock:
             sessions, self._sessions = self._sessions, []
-            transport = self._transport
         for session in sessions:
             session.close()
-        if transport is not None:
-            transport.close()
+        if self._transport is not None:
+            self._transport.close()
 
     def __enter__(self) -> HttpDetachClient:
         return self
