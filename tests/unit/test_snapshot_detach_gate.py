@@ -10,6 +10,7 @@ import time
 import pytest
 
 from include.pin_maintenance.jobs.snapshot_detach_answers import CallOutcome, Streak, answer_of
+from include.pin_maintenance.jobs.snapshot_detach_config import CONFIG
 from include.pin_maintenance.jobs.snapshot_detach_gate import (
     MAX_PAUSE_SECONDS,
     WINDOW_MIN_CALLS,
@@ -42,9 +43,19 @@ def test_breaker_opens_on_consecutive_failures_only():
     assert breaker.outage_rows == {"e", "f", "g", "h"}
 
 
-def _gate(**kwargs):
+def _gate(minimum=1, maximum=8, threshold=3, **kwargs):
+    """A gate with these bounds and breaker threshold; a call may start until the deadline."""
+    config = CONFIG.resolve(
+        None,
+        {
+            "detach_concurrency_min": minimum,
+            "detach_concurrency": maximum,
+            "breaker_failure_threshold": threshold,
+            "detach_call_timeout_seconds": 0.001,
+        },
+    )
     defaults = {"deadline": Deadline(60), "stopped": lambda: False}
-    return CallGate(1, 8, 3, **{**defaults, **kwargs})
+    return CallGate(config, **{**defaults, **kwargs})
 
 
 def test_gate_admits_up_to_the_limit_and_grows():
@@ -197,7 +208,7 @@ def test_gate_stop_signal_wakes_waiting_calls():
 
 def test_an_overshoot_burst_of_refusals_does_not_open_the_breaker():
     # 9 calls in flight against a service serving 4: the 5 refusals come back at once
-    gate = CallGate(9, 32, 3, deadline=Deadline(60), stopped=lambda: False)
+    gate = _gate(9, 32, 3)
     tickets = [gate.acquire() for _ in range(9)]
     for i, ticket in enumerate(tickets[:5]):
         gate.release(ticket, f"r{i}", answer(503))
@@ -213,7 +224,7 @@ def test_an_overshoot_burst_of_refusals_does_not_open_the_breaker():
 
 
 def test_stale_failures_of_a_streak_that_opens_are_given_back_too():
-    gate = CallGate(4, 32, 2, deadline=Deadline(60), stopped=lambda: False)
+    gate = _gate(4, 32, 2)
     tickets = [gate.acquire() for _ in range(4)]
     for i, ticket in enumerate(tickets):
         gate.release(ticket, f"s{i}", answer(503))  # one cut, three stale

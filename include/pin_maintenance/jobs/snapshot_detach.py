@@ -670,23 +670,16 @@ class _Run:
             self.config.max_run_duration_seconds + self.config.detach_call_timeout_seconds,
             clock=self.monotonic,
         )
-        call_seconds = self.config.detach_call_timeout_seconds
         gate = self.gate = CallGate(
-            self.config.detach_concurrency_min,
-            self.config.detach_concurrency,
-            self.config.breaker_failure_threshold,
+            self.config,
             deadline=self.deadline,
-            call_seconds=call_seconds,
             stopped=lambda: self.stop.is_set() or self.aborted,
             on_open=self._log_outage_breaker_open,
-            misroute_limit=self.config.misroute_quarantine_limit,
         )
         self.calls = CallWorkers(
             self.pool,
             gate,
             self.client,
-            deadline=self.deadline,
-            call_seconds=call_seconds,
             max_attempts=self.config.max_attempts,
             telemetry=self.telemetry,
         )

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from include.pin_maintenance.jobs.snapshot_detach_answers import Answer, Load, Route, Streak
+from include.pin_maintenance.jobs.snapshot_detach_config import DetachConfig
 from include.pin_maintenance.parallel import Deadline
 
 WAIT_SLICE_SECONDS = 0.2  # a waiting worker rechecks the stop signal at least this often
@@ -239,24 +240,20 @@ class CallGate:
 
     def __init__(
         self,
-        minimum: int,
-        maximum: int,
-        breaker_threshold: int,
+        config: DetachConfig,
         *,
         deadline: Deadline,
-        call_seconds: float = 0.0,
         stopped: Callable[[], bool],
         on_open: Callable[[Breaker, Answer], None] = lambda breaker, answer: None,
-        misroute_limit: int | None = None,
     ) -> None:
-        self.limit = AdaptiveLimit(minimum, maximum)
-        self.outage_breaker = Breaker(breaker_threshold)
-        self.misroute = Misroute(misroute_limit if misroute_limit is not None else 1 << 30)
+        self.limit = AdaptiveLimit(config.detach_concurrency_min, config.detach_concurrency)
+        self.outage_breaker = Breaker(config.breaker_failure_threshold)
+        self.misroute = Misroute(config.misroute_quarantine_limit)
         self.stats = GateStats()
         self.auth_rejected = False  # a 401/403 answer: the credentials are refused
         self.retry_after_stopped = False  # a Retry-After the run's bound cannot sit out
         self._deadline = deadline
-        self._call_seconds = call_seconds
+        self._call_seconds = config.detach_call_timeout_seconds
         self._stopped = stopped
         self._on_open = on_open
         self._clock = deadline.clock
@@ -285,6 +282,10 @@ class CallGate:
     def deadline_reached(self) -> bool:
         """The deadline no longer allows a whole call: no call starts any more."""
         return not self._deadline.allows(self._call_seconds)
+
+    def call_timeout(self) -> float:
+        """A call's timeout: a whole call fitted when it started; never past the deadline."""
+        return max(self._deadline.timeout(self._call_seconds), 0.001)
 
     def outage_row(self, row_id: str) -> bool:
         with self._cond:

@@ -38,7 +38,6 @@ from include.pin_maintenance.jobs.snapshot_detach_answers import (
     reads_retry_after,
 )
 from include.pin_maintenance.jobs.snapshot_detach_gate import CallGate
-from include.pin_maintenance.parallel import Deadline
 from include.pin_maintenance.telemetry import Telemetry, record_error
 
 if TYPE_CHECKING:
@@ -252,16 +251,12 @@ class CallWorkers:
         gate: CallGate,
         client: DetachClient,
         *,
-        deadline: Deadline,
-        call_seconds: float,
         max_attempts: int,
         telemetry: Telemetry,
     ) -> None:
         self.pool = pool
         self.gate = gate
         self.client = client
-        self.deadline = deadline
-        self.call_seconds = call_seconds
         self.max_attempts = max_attempts
         self.telemetry = telemetry
         self.log = telemetry.log
@@ -334,13 +329,7 @@ class CallWorkers:
 
     def _detach(self, row: ClaimedRow) -> CallOutcome:
         try:
-            return self.client.call(
-                row.snapshot_id,
-                row.reason,
-                row.id,
-                # a whole call fitted when it started; never wait past the run's deadline
-                max(self.deadline.timeout(self.call_seconds), 0.001),
-            )
+            return self.client.call(row.snapshot_id, row.reason, row.id, self.gate.call_timeout())
         except Exception as exc:  # a client bug or infrastructure failure: this row only
             self.log.error(
                 "entry_call_failed", snapshot_id=row.snapshot_id, error=type(exc).__name__
