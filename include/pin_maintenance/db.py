@@ -1,35 +1,14 @@
-"""Postgres plumbing shared by the jobs: per-transaction guards, the pool-size check and the
-single-runner advisory lock.
+"""Postgres plumbing shared by the jobs: per-transaction session guards, the pool-size check,
+the single-runner advisory lock (docs/design/pooler-and-slots.md; docs/deploying.md, section 4).
 
-Every job connection is opened through :func:`configured` and is safe behind a pooler in
-transaction mode (PgBouncer): nothing the job sets outlives its own transaction, so another
-client of the same pool never sees it (docs/deploying.md, "Behind a pooler").
-
-- ``statement_timeout``, ``lock_timeout``, ``application_name`` and (optionally)
-  ``synchronous_commit`` are applied with ``set_config(..., true)`` (``SET LOCAL``) inside every
-  transaction the connection opens: the implicit one of a non-autocommit connection, every
-  ``conn.transaction()`` block, and a one-statement transaction around each statement run in
-  autocommit mode. Job code calls nothing per transaction. The local settings go in the same
-  round trip as psycopg's own ``BEGIN`` (one simple-query string). (So a statement that cannot
-  run in a transaction block, ``VACUUM`` or ``CREATE INDEX CONCURRENTLY``, cannot run on a job
-  connection; the jobs have none.)
-- ``application_name`` is per transaction too, not a startup parameter: PgBouncer 1.18 applies
-  a client's startup ``application_name`` to the server connection with a session ``SET`` and
-  leaves it there, so a later client that sends none sees the job's name (checked here).
-- No server-side prepared statements (``prepare_threshold = None``): a pooler in transaction
-  mode moves a client between server connections, where psycopg's auto-prepared ``_pg3_N``
-  either already exists (42P05) or does not (26000).
-
-This relies on one psycopg internal, ``BaseConnection._exec_command`` (the generator that sends
-psycopg's own commands, ``BEGIN`` among them); ``tests/unit/test_db_guards.py`` pins the psycopg
-version it was checked with, and :func:`configured` refuses to run when the hook is missing.
+Nothing a job connection sets outlives its transaction, so it is safe behind a transaction
+pooler. This relies on psycopg internals pinned by ``tests/unit/test_db_guards.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import select
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -37,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import generators, pq
+from psycopg import generators, pq, waiting
 from psycopg import sql as psql
 
 from include.pin_maintenance import sql
@@ -48,20 +27,19 @@ Connect = Callable[[], psycopg.Connection]
 
 log = logging.getLogger(__name__)
 
-# psycopg versions whose ``_exec_command`` the per-transaction guard was checked against.
+# psycopg versions whose internals (_exec_command, generators, waiting) the guards were checked on
 CHECKED_PSYCOPG = ("3.3.",)
 
 
 @dataclass(frozen=True)
 class SessionSettings:
-    """Guards applied inside every transaction, so that no job statement or lock wait runs
-    away, and nothing is left on a pooled server connection afterwards."""
+    """Guards applied inside every transaction (``SET LOCAL``), so no statement or lock wait
+    runs away and nothing is left on a pooled server connection."""
 
     statement_timeout_ms: int = 30_000
     lock_timeout_ms: int = 5_000
     application_name: str = "pin-maintenance"
-    # None keeps the server's setting; "off" for batches whose loss in a crash is harmless
-    synchronous_commit: str | None = None
+    synchronous_commit: str | None = None  # None: the server's; "off" for harmless batches
 
     def local_settings(self) -> dict[str, str]:
         """The settings, as ``set_config`` name -> value, applied in each transaction."""
@@ -83,12 +61,8 @@ def _set_local_statement(settings: SessionSettings) -> psql.Composed:
 
 
 class _GuardedConnection(psycopg.Connection):
-    """A psycopg connection that applies its settings in every transaction it begins.
-
-    Only ``_exec_command`` is overridden: psycopg sends every ``BEGIN`` through it (implicit
-    transactions, ``transaction()`` blocks, two-phase). The class is swapped onto connections
-    the caller's factory made (a PostgresHook's, a plain ``psycopg.connect``).
-    """
+    """Applies its settings in every transaction it begins: psycopg sends every ``BEGIN``
+    (implicit, ``transaction()`` blocks, two-phase) through ``_exec_command``."""
 
     _pin_locals: bytes
 
@@ -112,9 +86,8 @@ class _GuardedConnection(psycopg.Connection):
 
 
 class _GuardedCursor(psycopg.Cursor):
-    """In autocommit mode a statement outside any transaction runs in a transaction of its
-    own, so that it gets the local settings too (three round trips instead of one). The jobs
-    use ``execute`` only."""
+    """Runs an autocommit statement outside a transaction in one of its own, so it gets the
+    settings too (so VACUUM or CREATE INDEX CONCURRENTLY cannot run on a job connection)."""
 
     def execute(self, query, params=None, **kwargs):  # type: ignore[override]
         conn = self.connection
@@ -125,10 +98,8 @@ class _GuardedCursor(psycopg.Cursor):
 
 
 def configure_session(conn: psycopg.Connection, settings: SessionSettings) -> None:
-    """Make ``conn`` apply ``settings`` in each of its transactions, and never prepare.
-
-    Nothing is set on the session itself. A transaction already open gets the settings now.
-    """
+    """Make ``conn`` apply ``settings`` in each of its transactions (one already open gets them
+    now), set nothing on the session, and never prepare (a pooler moves the client)."""
     if type(conn) is not psycopg.Connection and not isinstance(conn, _GuardedConnection):
         raise TypeError(f"configure_session: a psycopg.Connection is needed, not {type(conn)}")
     base = psycopg.Connection.__mro__[1]
@@ -137,7 +108,7 @@ def configure_session(conn: psycopg.Connection, settings: SessionSettings) -> No
             f"psycopg {psycopg.__version__} has no BaseConnection._exec_command: the "
             "per-transaction session guards of include/pin_maintenance/db.py need updating"
         )
-    conn.prepare_threshold = None  # no server-side prepared statements (pooler-safe)
+    conn.prepare_threshold = None
     conn.__class__ = _GuardedConnection
     conn._pin_locals = _set_local_statement(settings).as_bytes(conn)
     if conn.cursor_factory is psycopg.Cursor:
@@ -149,8 +120,7 @@ def configure_session(conn: psycopg.Connection, settings: SessionSettings) -> No
 
 
 def configured(connect: Callable[[], psycopg.Connection], settings: SessionSettings) -> Connect:
-    """Wrap a raw connection factory so every connection it opens carries ``settings`` in each
-    of its transactions (and none on the session: safe behind a transaction pooler)."""
+    """Wrap a raw connection factory so every connection it opens is guarded by ``settings``."""
 
     def open_configured() -> psycopg.Connection:
         conn = connect()
@@ -164,16 +134,8 @@ def configured(connect: Callable[[], psycopg.Connection], settings: SessionSetti
     return open_configured
 
 
-# -- pool size -------------------------------------------------------------------------------
-
-# How long the check waits for the pooler to hand each connection a server connection. Other
-# clients' transactions are short; a pool that cannot give one in this time is too small.
-POOL_WAIT_SECONDS = 5.0
-
-
 class PoolTooSmall(psycopg.OperationalError):
-    """The job could not get the server connections it holds at once (a pooler's pool is
-    smaller than that, or taken by others). Raised before the job writes anything."""
+    """The job could not get the server connections it holds at once; raised before it writes."""
 
     def __init__(self, message: str, *, needed: int, got: int) -> None:
         super().__init__(message)
@@ -186,22 +148,12 @@ def require_server_connections(
     job: str,
     held: int = 0,
     what: str = "",
-    wait_seconds: float = POOL_WAIT_SECONDS,
+    wait_seconds: float = 5.0,
 ) -> None:
-    """Fail fast unless every connection in ``connections`` can get a server connection at
-    the same time, while the run already holds ``held`` more (e.g. its lock connection).
-
-    Each connection opens a transaction (``BEGIN; SELECT 1``) and keeps it open until all have
-    one, then all roll back. On a direct connection or a big enough pool this takes one round
-    trip each. Behind a pooler whose pool is smaller than ``held + len(connections)`` the
-    pooler queues the last ones: after ``wait_seconds`` the waiting connection is closed and
-    :class:`PoolTooSmall` names the pool size the run needs, before the job has written
-    anything. (Waiting instead would hang until the pooler's ``query_wait_timeout`` while the
-    connections already served hold their server connections.)
-
-    ``connections`` must be idle (no transaction open). ``what`` says what the connections are
-    for, in the error (e.g. "1 lock + 3 batch loops").
-    """
+    """Fail fast unless the idle ``connections`` each get a server connection at once while the
+    run holds ``held`` more: each opens a transaction, kept until all have one, then all roll
+    back. The first still queued after ``wait_seconds`` is closed and :class:`PoolTooSmall`
+    names the pool size needed; ``what`` says what the connections are for."""
     needed = held + len(connections)
     deadline = time.monotonic() + wait_seconds
     begun: list[psycopg.Connection] = []
@@ -230,32 +182,17 @@ def _begin_within(conn: psycopg.Connection, deadline: float) -> bool:
     """Open a transaction on ``conn`` unless the server (or pooler) does not answer in time."""
     if conn.info.transaction_status != pq.TransactionStatus.IDLE:
         raise psycopg.ProgrammingError("require_server_connections: connection not idle")
-    pgconn = conn.pgconn
-    pgconn.send_query(b"BEGIN; SELECT 1")
-    while pgconn.flush() != 0:
-        if not _wait(pgconn.socket, deadline, write=True):
-            return False
-    while True:
-        pgconn.consume_input()
-        if not pgconn.is_busy():
-            break
-        if not _wait(pgconn.socket, deadline):
-            return False
-    error = None
-    while (result := pgconn.get_result()) is not None:
-        if result.status == pq.ExecStatus.FATAL_ERROR and error is None:
-            error = (result.error_message or b"").decode(errors="replace").strip()
-    if error is not None:
-        raise psycopg.OperationalError(f"require_server_connections: {error}")
-    return True
-
-
-def _wait(fileno: int, deadline: float, *, write: bool = False) -> bool:
-    left = deadline - time.monotonic()
-    if left <= 0:
+    conn.pgconn.send_query(b"BEGIN; SELECT 1")
+    gen = generators.execute(conn.pgconn)
+    try:
+        results = waiting.wait(gen, conn.pgconn.socket, 0.1, max(0.0, deadline - time.monotonic()))
+    except psycopg.errors._WaitTimeout:
         return False
-    ready = select.select([] if write else [fileno], [fileno] if write else [], [], left)
-    return bool(ready[0] or ready[1])
+    errors = [r.error_message for r in results if r.status == pq.ExecStatus.FATAL_ERROR]
+    if errors:
+        message = (errors[0] or b"").decode(errors="replace").strip()
+        raise psycopg.OperationalError(f"require_server_connections: {message}")
+    return True
 
 
 def lock_key(name: str) -> int:
@@ -267,19 +204,10 @@ def lock_key(name: str) -> int:
 def advisory_lock(connect: Connect, name: str, ttl_seconds: float) -> Iterator[bool]:
     """Try to take the job's single-runner lock; yield whether we hold it. Never waits.
 
-    The lock is a transaction-level advisory lock (``pg_try_advisory_xact_lock``) held by an
-    open transaction on a dedicated connection that does nothing else. That keeps it correct
-    behind a pooler: it cannot leak into a pooled session, and it is released by the rollback at
-    exit, by the connection closing, or by the server when the holder dies.
-    ``idle_in_transaction_session_timeout = ttl`` turns it into a lease: a holder that hangs
-    loses the lock after ``ttl_seconds`` (the seed's LockTtl), so a stuck worker cannot block
-    every later run. Jobs keep their own run bounded below the TTL (config validation).
-    The holding transaction takes no snapshot between statements and writes nothing, so it
-    does not hold back vacuum.
-
-    Behind a pooler in transaction mode the open transaction pins one server connection for the
-    whole run (the lock belongs to that server session, and the pooler cannot hand it to anyone
-    else until the rollback): correct, and it counts in the job's pool size.
+    A transaction-level lock held by an open transaction on a connection of its own (safe behind
+    a pooler, released by the rollback at exit or when the holder dies), leased by a local
+    ``idle_in_transaction_session_timeout`` of ``ttl_seconds`` (docs/design.md, "Bounds and
+    single runners").
     """
     conn = connect()
     try:
@@ -303,14 +231,8 @@ def advisory_lock(connect: Connect, name: str, ttl_seconds: float) -> Iterator[b
 def lock_held_too_long(
     connect: Connect, name: str, limit_seconds: float, *, job: str
 ) -> Alert | None:
-    """A ``lock_held_too_long`` alert when the session holding advisory lock ``name`` has held
-    it past the limit.
-
-    Called on the lock-busy path: a holder older than a whole bounded run is a stuck worker
-    (or a manual session) that keeps every scheduled run skipping. A holder of another role
-    may hide its times from ours (pg_stat_activity shows them only to the same role, a
-    superuser or a member of pg_read_all_stats): no alert then.
-    """
+    """A ``lock_held_too_long`` alert when lock ``name``'s holder has held it past the limit
+    (none when pg_stat_activity hides the holder's times from our role)."""
     unsigned = lock_key(name) & 0xFFFF_FFFF_FFFF_FFFF
     with connect() as conn:
         row = conn.execute(
@@ -335,25 +257,17 @@ def lock_held_too_long(
     )
 
 
-# SQLSTATE classes that mean "the database or our session is unwell", not "this row is bad":
-# connection (08), read-only transaction incl. a failover in progress (25), transaction
-# rollback incl. deadlock/serialization (40), syntax/privilege (42: a statement that cannot run
-# at all fails every row alike), resources (53), operator intervention incl. statement timeout
-# and shutdown (57), system (58), config/file (F0), internal (XX); plus lock_not_available
-# (55P03, lock_timeout) and object state (55000, 55006).
-_DATABASE_FAULT_CLASSES = frozenset({"08", "25", "40", "42", "53", "57", "58", "F0", "XX"})
+# SQLSTATE classes and states of "the database or our session is unwell", not "this row is
+# bad": connection, read-only/failover, rollback/deadlock, syntax/privilege, resources,
+# operator intervention (statement timeout, shutdown), system, config, internal; lock timeout
+# and object state.
+_DATABASE_FAULTS = frozenset({"08", "25", "40", "42", "53", "57", "58", "F0", "XX"})
 _DATABASE_FAULT_STATES = frozenset({"55P03", "55000", "55006"})
 
 
 def is_row_error(sqlstate: str | None) -> bool:
-    """True when a failed statement may be caused by individual rows (worth isolating them).
-
-    Data exceptions (22), integrity violations (23), exceptions raised by triggers (P0) and
-    other statement-level errors are row errors. A missing SQLSTATE means the client lost the
-    server, and every class above means the database, not the row: both fail the run.
-    """
-    if not sqlstate or len(sqlstate) != 5:
+    """True when a failed statement may be caused by its rows (worth isolating them); False
+    without a SQLSTATE (the server is lost) or for a database fault."""
+    if not sqlstate or len(sqlstate) != 5 or sqlstate in _DATABASE_FAULT_STATES:
         return False
-    if sqlstate in _DATABASE_FAULT_STATES:
-        return False
-    return sqlstate[:2] not in _DATABASE_FAULT_CLASSES
+    return sqlstate[:2] not in _DATABASE_FAULTS

@@ -1,9 +1,10 @@
-"""The per-transaction guard of include/pin_maintenance/db.py hooks into one psycopg internal.
+"""The per-transaction guard of include/pin_maintenance/db.py hooks into psycopg internals.
 
 ``BaseConnection._exec_command`` sends psycopg's own commands (BEGIN, COMMIT, ...) and
 ``psycopg.generators.execute`` drives a query to its results; the guard overrides the first and
-calls the second. Both were read and checked with the psycopg versions in
-``db.CHECKED_PSYCOPG``: this test fails on any other version as a reminder to re-read them (and
+calls the second, and the pool check waits on it with ``psycopg.waiting.wait``. They were read
+and checked with the psycopg versions in ``db.CHECKED_PSYCOPG``: this test fails on any other
+version as a reminder to re-read them (and
 ``tests/integration/test_db.py`` checks the behaviour on a real server).
 """
 
@@ -35,6 +36,9 @@ def test_the_internals_the_guard_uses_exist_with_the_expected_shape():
     assert "self._conn._get_tx_start_command()" in tx_source
     assert "self._conn._exec_command(command)" in tx_source
     assert inspect.getsource(base._get_tx_start_command).count('b"BEGIN"') == 1
+    # the pool check waits with psycopg's own bounded wait, which raises this on its timeout
+    assert issubclass(psycopg.errors._WaitTimeout, psycopg.OperationalError)
+    assert "timeout" in inspect.signature(psycopg.waiting.wait).parameters
 
 
 def test_set_local_statement_names_each_setting_once():
