@@ -1,27 +1,5 @@
-"""The jobs' way to run database work side by side: lanes under one deadline, stopped as one.
-
-Every job that runs in parallel (slot runners, retention's batch loops) has the same needs,
-each of which a bad night tests (docs/design.md, "Running side by side"):
-
-- one :class:`Deadline` that every wait takes its timeout from (a join, a condition wait, an
-  HTTP call, a pause), so no wait outlives the run's bound;
-- any exception in any lane, ``BaseException`` included (the Task SDK's ``AirflowTaskTimeout``
-  is one, raised by SIGALRM in the main thread), stops every sibling: the crew's stop signal is
-  set and each lane's cancel hook runs (e.g. ``conn.cancel_safe()``, which interrupts a
-  statement in flight), so a sibling never waits for a lane that is gone;
-- a bounded join: the caller gets its lanes back within the deadline plus a grace it states
-  (the longest single statement or call a lane may still be in), or an error naming the lanes
-  that did not stop;
-- the first exception is re-raised as is, so the task fails with the original error.
-
-Lane 0 runs on the caller's thread (signals, and Airflow hooks that read connections through
-the task runner, only work there); the others on daemon threads. Nothing here knows about
-databases or HTTP: a lane registers how it can be interrupted.
-
-:func:`run_batch_loops` is the one batch loop the batch jobs run on those lanes: each lane
-repeats one batch (its own transaction) until a batch comes back short, a bound is reached or
-the crew stops; the bounds are checked between batches only.
-"""
+"""Database work side by side: lanes under one deadline, stopped as one, and the batch loop
+the batch jobs run on them (docs/design.md, "Running side by side")."""
 
 from __future__ import annotations
 
@@ -29,11 +7,13 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from include.pin_maintenance.stopping import StopReason, StopSignal
+
+if TYPE_CHECKING:
+    from include.pin_maintenance.pacing import Pacer
 
 T = TypeVar("T")
 
@@ -50,7 +30,6 @@ class Deadline:
         return self._clock
 
     def remaining(self) -> float:
-        """Seconds left, never below 0."""
         return max(0.0, self._at - self._clock())
 
     def expired(self) -> bool:
@@ -80,16 +59,14 @@ class Lane:
     _crew: _Crew = field(repr=False)
 
     def on_cancel(self, hook: Callable[[], object]) -> None:
-        """Run ``hook`` (from another thread) when the crew is cancelled: it must interrupt
-        whatever this lane may be blocked in, e.g. ``conn.cancel_safe``. Runs at once if the
-        crew is already cancelled."""
+        """Run ``hook`` (from another thread, or now if already cancelled) when the crew is
+        cancelled: it must interrupt what the lane may block in, e.g. ``conn.cancel_safe``."""
         self._crew.add_hook(hook)
 
 
-class _Crew(Generic[T]):
-    def __init__(self, count: int, stop: StopSignal) -> None:
+class _Crew:
+    def __init__(self, stop: StopSignal) -> None:
         self.stop = StopSignal(parent=stop)
-        self.results: list[T | None] = [None] * count
         self.errors: list[BaseException] = []
         self._hooks: list[Callable[[], object]] = []
         self._lock = threading.Lock()
@@ -109,11 +86,10 @@ class _Crew(Generic[T]):
 
     def cancel(self, reason: str) -> None:
         with self._lock:
-            first = not self._cancelled
+            if self._cancelled:
+                return
             self._cancelled = True
             hooks = list(self._hooks)
-        if not first:
-            return
         self.stop.set(reason)
         for hook in hooks:
             _quietly(hook)
@@ -132,27 +108,21 @@ def run_lanes(
     deadline: Deadline,
     grace_seconds: float,
 ) -> list[T]:
-    """Run ``lanes`` side by side and return their results in order.
-
-    ``stop`` is the run's own stop signal (SIGTERM); each lane sees a child of it that is also
-    set when any lane fails. A lane returns normally when it is done, when its ``stop`` is set,
-    or when ``deadline`` has passed, checking them between units of work. The join waits at most
-    ``deadline.remaining() + grace_seconds``; lanes still running then are cancelled and given
-    ``grace_seconds`` more, after which :class:`LanesDidNotStop` is raised. The first exception
-    of any lane (or one that reaches the caller's thread while it waits) is re-raised.
-    """
+    """Run ``lanes`` side by side (lane 0 on the caller's thread) and return their results in
+    order. Any lane's exception cancels the others and the first is re-raised; the join waits
+    ``deadline.remaining() + grace_seconds``, then cancels and waits ``grace_seconds`` more
+    before :class:`LanesDidNotStop`."""
     if not lanes:
         return []
-    crew: _Crew[T] = _Crew(len(lanes), stop)
-    # A lane is over when its event is set. Not Thread.is_alive()/join(): on CPython 3.11 a
-    # join interrupted by an exception from a signal handler (SIGALRM's AirflowTaskTimeout)
-    # can mark a running thread as stopped, and every later join returns at once.
+    crew = _Crew(stop)
+    results: list[T | None] = [None] * len(lanes)
+    # Events, not Thread.join(): on CPython 3.11 a join interrupted by a signal handler's
+    # exception (SIGALRM) can mark a running thread as stopped.
     done = [threading.Event() for _ in lanes]
 
     def body(index: int) -> None:
-        lane = Lane(index, crew.stop, deadline, crew)
         try:
-            crew.results[index] = lanes[index](lane)
+            results[index] = lanes[index](Lane(index, crew.stop, deadline, crew))
         except BaseException as exc:  # every kind: a sibling must never wait for a dead lane
             crew.fail(exc)
         finally:
@@ -181,7 +151,7 @@ def run_lanes(
         raise LanesDidNotStop(
             f"{', '.join(stuck)} still running {grace_seconds:.0f}s after being cancelled"
         )
-    return crew.results  # type: ignore[return-value]
+    return results  # type: ignore[return-value]
 
 
 def _join(events: Sequence[threading.Event], seconds: float) -> None:
@@ -191,8 +161,8 @@ def _join(events: Sequence[threading.Event], seconds: float) -> None:
 
 
 class BatchBudget:
-    """A bound on the batches a crew of loops may take together (None: no bound), counted in
-    batches of ``batch_size``: a smaller batch takes its share, so the bound stays one of rows."""
+    """A bound on the batches a crew of loops takes together (None: no bound); a batch smaller
+    than ``batch_size`` takes its share, so the bound stays one of rows."""
 
     def __init__(self, limit: int | None, batch_size: int | None = None) -> None:
         self.limit = limit
@@ -201,8 +171,7 @@ class BatchBudget:
         self._lock = threading.Lock()
 
     def take(self, rows: int | None = None) -> bool:
-        """Take a batch of ``rows`` (None: a whole one) from the budget; False when it is
-        spent."""
+        """Take a batch of ``rows`` (None: a whole one); False when the budget is spent."""
         share = 1.0 if rows is None or not self.batch_size else rows / self.batch_size
         with self._lock:
             if self.spent:
@@ -212,26 +181,7 @@ class BatchBudget:
 
     @property
     def spent(self) -> bool:
-        """No batch is left to take."""
         return self.limit is not None and self.taken >= self.limit - 1e-9
-
-
-class BatchPacing(Protocol):
-    """How a crew of batch loops yields to the database's other users (:mod:`pacing`)."""
-
-    def start(self) -> None:
-        """Before the crew's first batch, on the caller's thread."""
-        ...
-
-    def turn(self, stop: StopSignal) -> AbstractContextManager[int | None]:
-        """Held around each batch and its pace, giving the batch's size (None: the job's own
-        batch_size): may wait for the crew's pause or for other loops' batches; returns on
-        ``stop``."""
-        ...
-
-    def pace(self, lane: int, stop: StopSignal, batch_seconds: float, rows: int | None) -> None:
-        """After each full batch of ``rows`` that leaves the budget a batch: may wait."""
-        ...
 
 
 def run_batch_loops(
@@ -241,17 +191,15 @@ def run_batch_loops(
     deadline: Deadline,
     budget: BatchBudget,
     grace_seconds: float,
-    pacing: BatchPacing | None = None,
+    pacing: Pacer | None = None,
 ) -> StopReason:
-    """Run one batch loop per lane (:func:`run_lanes`) and return why the crew stopped.
+    """Run one batch loop per lane and return why the crew stopped (the strongest reason).
 
-    ``batches[i](lane, size)`` does one whole batch of lane ``i``, of ``size`` rows (the
-    ``pacing`` turn's; None: the job's batch_size), and returns True when it came back full
-    (more may be due). Each batch runs in its turn; before it a loop stops on the crew's stop
-    signal, on the deadline (except for the crew's first batch, so a run always makes
-    progress) and on the shared budget, which counts a smaller batch by its share of a whole
-    one. The crew's reason is the strongest of its loops': cancelled, then a bound, then
-    drained. A sibling's failure is re-raised by :func:`run_lanes`.
+    ``batches[i](lane, size)`` does one batch of ``size`` rows (the pacing turn's; None: the
+    job's batch_size) and returns True when it came back full. Before each batch a loop stops
+    on the stop signal, the deadline (not before the crew's first batch: a run always makes
+    progress) and the budget; ``pacing`` (a :class:`pacing.Pacer`) gives the turn around each
+    batch and the pace after each full one that leaves the budget a batch.
     """
     if pacing is not None:
         pacing.start()
