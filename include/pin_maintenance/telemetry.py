@@ -1,11 +1,5 @@
-"""What a job reports: structured log lines, metrics, alerts and trace spans.
-
-The job package only knows these protocols. ``include.pin_airflow`` supplies the real sinks
-(Airflow's stats client, the alert notifier with its webhook, the OpenTelemetry tracer Airflow
-configured); tests and the CLI can pass :class:`RecordingMetrics` / :class:`LogOnlyAlerts`.
-The tracer defaults to OpenTelemetry's no-op tracer; the job package never configures a
-tracer provider itself.
-"""
+"""What a job reports: structured log lines, metrics, alerts and trace spans, through sinks
+``include.pin_airflow`` supplies (or the in-memory ones here, for the CLI and tests)."""
 
 from __future__ import annotations
 
@@ -38,38 +32,21 @@ class Alert:
 
 
 def error_code(exc: BaseException | None) -> str:
-    """An exception as an alert may carry it: its class and, when it has one, its code.
-
-    ``"ClassName"`` plus the SQLSTATE of a database error (``"RaiseException P0001"``) or the
-    HTTP status of an HTTP error (``"HTTPError 503"``); for a chained exception the cause's code
-    when the exception itself has none. Never the message: a database error's text can name the
-    host and user (a failed connection) or carry row values (a trigger's ``RAISE``), an HTTP
-    error's text its URL; only the task log gets the text. The rule of ``last_error``
-    (docs/design.md, "Selections API") and of the span's ``error.type``, for alert details and
-    summaries.
-    """
+    """An exception's class plus its (or its cause's) SQLSTATE or HTTP status, as in
+    ``"RaiseException P0001"``, ``"HTTPError 503"``: never the message, which may carry a host,
+    user, URL or row values (the ``last_error`` rule, docs/design.md, "Selections API")."""
     if exc is None:
         return "unknown"
-    name = type(exc).__name__
     for candidate in (exc, exc.__cause__):
-        code = _code_of(candidate)
-        if code:
-            return f"{name} {code}"
-    return name
-
-
-def _code_of(exc: BaseException | None) -> str | None:
-    if exc is None:
-        return None
-    sqlstate = getattr(exc, "sqlstate", None)
-    if isinstance(sqlstate, str) and len(sqlstate) == 5 and sqlstate.isalnum():
-        return sqlstate
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    if status is None:
-        status = getattr(exc, "status", None)
-    if isinstance(status, int) and 100 <= status <= 599:
-        return str(status)
-    return None
+        sqlstate = getattr(candidate, "sqlstate", None)
+        if isinstance(sqlstate, str) and len(sqlstate) == 5 and sqlstate.isalnum():
+            return f"{type(exc).__name__} {sqlstate}"
+        status = getattr(getattr(candidate, "response", None), "status_code", None)
+        if status is None:
+            status = getattr(candidate, "status", None)
+        if isinstance(status, int) and 100 <= status <= 599:
+            return f"{type(exc).__name__} {status}"
+    return type(exc).__name__
 
 
 class MetricsSink(Protocol):
@@ -83,11 +60,8 @@ class AlertSink(Protocol):
 
 
 class JobLog:
-    """One-line ``key=value`` log records that always carry the run id (correlation id).
-
-    ``log.info("batch_claimed", rows=100)`` ->
-    ``event=batch_claimed job=news_snapshot_detach_retry run_id=scheduled__... rows=100``
-    """
+    """One-line ``event=... job=... run_id=... key=value`` records (docs/design.md, "Log
+    vocabulary"), with the trace and span ids when a span is current."""
 
     def __init__(self, job: str, run_id: str, logger: logging.Logger | None = None) -> None:
         self.job = job
@@ -98,7 +72,7 @@ class JobLog:
         parts = [f"event={event}", f"job={self.job}", f"run_id={self.run_id}"]
         parts += [f"{k}={_value(v)}" for k, v in fields.items()]
         span = trace.get_current_span().get_span_context()
-        if span.is_valid:  # logs and traces join on these two
+        if span.is_valid:
             parts += [f"trace_id={span.trace_id:032x}", f"span_id={span.span_id:016x}"]
         return " ".join(parts)
 
@@ -124,21 +98,14 @@ def _value(v: Any) -> str:
 
 
 _NO_OP = trace.NoOpTracer()
-
-# Span attribute values OpenTelemetry accepts (None is dropped before a span sees it).
 AttrValue = str | bool | int | float
 
 
 @dataclass
 class Telemetry:
-    """Everything a job run reports through: its log, its metrics, its alerts and its spans.
-
-    ``run_attributes`` are put on the run span as they are (the Airflow glue passes the DAG
-    id, run id, task id and try number under Airflow's own attribute names). ``refuse`` turns
-    the error of a run refused for its configuration (a missing database privilege: nothing was
-    written, no retry can help) into what the host fails such a run with (Airflow: a task
-    failure without a retry); None raises the error as it is.
-    """
+    """Everything a job run reports through. ``run_attributes`` go on the run span as they
+    are; ``refuse`` turns the error of a run refused for its configuration (a missing privilege)
+    into what the host fails it with (Airflow: no retry); None raises it as it is."""
 
     log: JobLog
     metrics: MetricsSink
@@ -148,7 +115,7 @@ class Telemetry:
     refuse: Callable[[Exception], BaseException] | None = None
 
     def run_span(self, name: str) -> contextlib.AbstractContextManager[Span]:
-        """The span of one job run (current while it is open), carrying the correlation id."""
+        """The span of one job run, current while it is open."""
         attributes = {"pin.job": self.log.job, "pin.run_id": self.log.run_id}
         return self.span(name, {**attributes, **self.run_attributes})
 
@@ -160,12 +127,11 @@ class Telemetry:
         kind: SpanKind = SpanKind.INTERNAL,
         context: Context | None = None,
     ) -> contextlib.AbstractContextManager[Span]:
-        """A current span that records an escaping exception by its class name only."""
+        """A current span (None attributes dropped) recording an exception by its class only."""
         span = self.tracer.start_span(
             name,
             context=context,
             kind=kind,
-            # None values dropped: OpenTelemetry refuses them with a warning per attribute
             attributes={k: v for k, v in (attributes or {}).items() if v is not None},
             record_exception=False,  # the SDK would keep str(exc): it may name a URL or a value
             set_status_on_exception=False,
@@ -176,16 +142,14 @@ class Telemetry:
     def local(
         cls, log: JobLog, metrics: MetricsSink | None = None, tracer: Tracer | None = None
     ) -> Telemetry:
-        """Outside Airflow (CLIs, tests): metrics kept in memory, alerts as log lines only,
-        spans to ``tracer`` (the no-op tracer when None)."""
+        """Outside Airflow (CLIs, tests): metrics in memory, alerts as log lines only."""
         return cls(log, metrics or RecordingMetrics(), LogOnlyAlerts(log), tracer or _NO_OP)
 
 
 @contextlib.contextmanager
 def resumed(span: Span) -> Iterator[Span]:
     """Make a started ``span`` current and end it on exit, recording an escaping exception by
-    its class only (also a pipelined batch's: started at its claim, ended once its outcomes
-    are recorded)."""
+    its class only."""
     with trace.use_span(
         span, end_on_exit=True, record_exception=False, set_status_on_exception=False
     ) as current:
@@ -197,8 +161,7 @@ def resumed(span: Span) -> Iterator[Span]:
 
 
 def record_error(span: Span, error_type: str) -> None:
-    """Mark ``span`` failed with an error class or code only, the ``last_error`` rule: no
-    message, credential, header, URL or body ever reaches a span."""
+    """Mark ``span`` failed with an error class or code only, never a message."""
     if not span.is_recording():
         return
     span.set_attribute("error.type", error_type)
@@ -209,17 +172,11 @@ def set_result(span: Span, result: Mapping[str, Any], prefix: str = "pin.result.
     """Put a job result's scalar counts and flags on ``span`` (its XCom dict, as is)."""
     if not span.is_recording():
         return
-    span.set_attributes(
-        {
-            prefix + key: value
-            for key, value in result.items()
-            if isinstance(value, str | bool | int | float)
-        }
-    )
+    span.set_attributes({prefix + k: v for k, v in result.items() if isinstance(v, AttrValue)})
 
 
 class RecordingMetrics:
-    """Keeps metrics in memory (for the CLI report and for tests of the job functions)."""
+    """Keeps metrics in memory (the CLI report, tests)."""
 
     def __init__(self) -> None:
         self.counters: dict[str, int] = {}
@@ -237,7 +194,7 @@ class RecordingMetrics:
 
 
 class LogOnlyAlerts:
-    """Alerts as a single greppable log line each; keeps them for inspection."""
+    """Alerts as one log line each, kept for inspection."""
 
     def __init__(self, log: JobLog) -> None:
         self.log = log
