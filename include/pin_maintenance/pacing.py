@@ -1,8 +1,5 @@
-"""Pacing by the database's health: a batch job waits between batches while the services
-beside it or a replica would feel it (docs/design.md, "Pacing"). The signals and the pure rules
-are :mod:`pacing_rules`; here are the **crew's pause** (:class:`CrewPause`) and :class:`Pacer`,
-which applies the rules to a crew of loops for :func:`parallel.run_batch_loops`.
-"""
+"""The crew's pause and :class:`Pacer`, which applies :mod:`pacing_rules` to a crew of batch
+loops (docs/design.md, "Pacing")."""
 
 from __future__ import annotations
 
@@ -52,36 +49,9 @@ def paced_metrics(prefix: str) -> tuple[str, ...]:
     return tuple(f"{prefix}_{reason}_milliseconds_total" for reason in REASONS)
 
 
-class CrewPause:
-    """A pause of the whole crew: no loop starts a batch before :meth:`wait` returns."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._resume_at = 0.0
-
-    def pause(self, seconds: float, stop: StopSignal) -> float:
-        """Pause the crew ``seconds`` from now and wait it out; the crew's time this added (a
-        pause already under way may cover part of it)."""
-        with self._lock:
-            now = self.clock()
-            added = max(0.0, now + seconds - max(self._resume_at, now))
-            self._resume_at = max(self._resume_at, now + seconds)
-        self.wait(stop)
-        return added
-
-    def wait(self, stop: StopSignal) -> None:
-        while not stop.is_set():
-            with self._lock:
-                left = self._resume_at - self.clock()
-            if left <= 0:
-                return
-            stop.wait(left)
-
-
 class Pacer:
-    """The pacing of one crew of batch loops (:class:`parallel.BatchPacing`). Lane ``i``
-    probes on ``connections[i]``; ``batch_size`` is the job's own (None: batches not sized)."""
+    """The pacing of one crew of batch loops: lane ``i`` probes on ``connections[i]``;
+    ``batch_size`` is the job's own (None: batches not sized)."""
 
     def __init__(
         self,
@@ -97,11 +67,11 @@ class Pacer:
         self.metrics = dict(zip(REASONS, paced_metrics(paced_metric_prefix), strict=True))
         self.deadline_remaining, self.clock = deadline_remaining, clock
         self.connections: list[psycopg.Connection] = []
-        self.crew = CrewPause(clock)
         self._turn = threading.Lock()  # held by the loop whose batch runs, beside others
         self._on = config.paced  # and the role may read the signals
         self._lock = threading.Lock()  # everything below
         self.paced_seconds = dict.fromkeys(REASONS, 0.0)  # the crew's time paced, by reason
+        self._resume_at = 0.0  # no loop starts a batch before (the crew's pause)
         self._next_probe = 0.0
         self._history: deque[Reading] = deque()
         self._shared = False
@@ -117,7 +87,7 @@ class Pacer:
 
     def start(self) -> None:
         """Before the crew's batches: what the role may read, and whether others use the
-        database (readings spread over 150 ms: a monitor caught just after a poll is not them)."""
+        database."""
         if not self._on:
             return
         conn = self.connections[0]
@@ -137,18 +107,33 @@ class Pacer:
         if self._polite():
             self._wal_debt(conn)  # opens the bucket: the first batch's WAL is paid like the rest
 
-    def _polite(self) -> bool:
-        """Others use the database and the WAL budget protects them."""
+    def _pause(self, seconds: float, stop: StopSignal) -> float:
+        """Pause the crew ``seconds`` from now and wait it out; the crew's time this added (a
+        pause already under way may cover part of it)."""
+        with self._lock:
+            now = self.clock()
+            added = max(0.0, now + seconds - max(self._resume_at, now))
+            self._resume_at = max(self._resume_at, now + seconds)
+        self._wait_pause(stop)
+        return added
+
+    def _wait_pause(self, stop: StopSignal) -> None:
+        while not stop.is_set():
+            with self._lock:
+                left = self._resume_at - self.clock()
+            if left <= 0:
+                return
+            stop.wait(left)
+
+    def _polite(self) -> bool:  # others use the database and the WAL budget protects them
         with self._lock:
             return self._shared and bool(self.config.max_wal_mb_per_second)
 
     @contextlib.contextmanager
     def turn(self, stop: StopSignal) -> Iterator[int | None]:
         """Around each batch, giving its size: after the crew's pause, and beside others one
-        batch at a time, so the job takes one core from them (three loops side by side on two
-        cores cost the services' p99 more at the same WAL rate: docs/benchmarks.md), sized by
-        :func:`shared_batch_size`; else the job's own size. On a stop, no turn."""
-        self.crew.wait(stop)
+        batch at a time, sized by :func:`shared_batch_size`. On a stop, no turn."""
+        self._wait_pause(stop)
         polite = self._polite()
         while polite and not self._turn.acquire(timeout=TURN_WAIT_SECONDS):
             if stop.is_set():
@@ -165,8 +150,8 @@ class Pacer:
                 self._turn.release()
 
     def pace(self, lane: int, stop: StopSignal, batch_seconds: float, rows: int | None) -> None:
-        """After a full batch: hold while a replica is behind, then pause the crew until the
-        WAL written so far is paid for."""
+        """After a full batch: hold while a replica is behind, then pause until the WAL written
+        so far is paid for."""
         if not self._on:
             return
         if rows:
@@ -180,7 +165,7 @@ class Pacer:
             return
         debt = min(self._wal_debt(conn), WAL_PAUSE_MAX * batch_seconds, self.deadline_remaining())
         if debt > 0:
-            self._account(REASON_WAL_RATE, self.crew.pause(debt, stop))
+            self._account(REASON_WAL_RATE, self._pause(debt, stop))
 
     def _probe_if_due(self, conn: psycopg.Connection) -> None:
         with self._lock:  # the first loop past the interval probes for the crew
@@ -191,8 +176,7 @@ class Pacer:
         self._remember(read(conn, self._own_pids(), self.clock))
 
     def _own_pids(self) -> list[int]:
-        # Behind a pooler these are the pooler's numbers and match nothing: the crew's idle
-        # server connections may then count as others, which paces more, not less.
+        # behind a pooler these match nothing: the crew's idle servers count as others (safe)
         return sorted({c.info.backend_pid for c in self.connections if not c.closed})
 
     def _remember(self, reading: Reading) -> None:
@@ -201,15 +185,13 @@ class Pacer:
             self._history.append(reading)
             while reading.at - self._history[0].at > HISTORY_SECONDS:
                 self._history.popleft()
-            # newest first, up to the window: the history holds an hour of probes
             recent = itertools.takewhile(
                 lambda r: reading.at - r.at <= NEIGHBOURS_WINDOW_SECONDS, reversed(self._history)
             )
             self._shared = database_shared([r.others_active for r in recent])
 
     def _replica_behind(self) -> float:
-        """Seconds the replica is behind, or will be once it replays what it has received: that
-        counts twice, since the loops' batches in flight add theirs before the crew holds."""
+        """Seconds the replica is behind, or twice what it needs to replay what it has."""
         with self._lock:
             last = self._history[-1]
             return max(
@@ -224,7 +206,7 @@ class Pacer:
             "job_paced", reason=REASON_REPLICA_LAG, value=round(lag, 3), limit=limit
         )
         while lag > limit and not stop.is_set() and self.deadline_remaining() > 0:
-            held += self.crew.pause(min(REPLICA_RECHECK_SECONDS, self.deadline_remaining()), stop)
+            held += self._pause(min(REPLICA_RECHECK_SECONDS, self.deadline_remaining()), stop)
             self._probe_if_due(conn)
             lag = self._replica_behind()
         self._account(REASON_REPLICA_LAG, held)
@@ -233,9 +215,8 @@ class Pacer:
         )
 
     def _wal_debt(self, conn: psycopg.Connection) -> float:
-        """Seconds until the WAL written so far is paid for (alone: nothing read, nothing owed).
-        One ``job_paced`` line when a debt follows none, one ``job_resumed`` when none followed
-        for :data:`WAL_RESUME_SECONDS`: a spell around the budget, not a line per batch."""
+        """Seconds until the WAL written so far is paid for (alone: nothing owed); logs a spell
+        of debts once, ``job_paced`` at its start and ``job_resumed`` after its end."""
         with self._lock:
             shared = self._shared
         position = int(fetch(conn, "pacing/read_wal_position")[0]) if shared else 0

@@ -1,7 +1,5 @@
-"""What pacing reads and decides: the database's **signals** (:func:`read`, one probe) and the
-**rules**, pure functions from readings to a pause or a batch size, unit-tested on recorded
-readings. :mod:`pacing` applies them to a crew of batch loops (docs/design.md, "Pacing").
-"""
+"""Pacing's signals (:func:`read`, one probe) and rules, pure functions from readings to a
+pause or a batch size, which :mod:`pacing` applies (docs/design.md, "Pacing")."""
 
 from __future__ import annotations
 
@@ -12,14 +10,10 @@ import psycopg
 
 from include.pin_maintenance import sql
 
-# Others use the database when they ran a statement (or finished one in the last 50 ms) in at
-# least this share of the probes of the window: a service's short transactions are caught by
-# nearly every probe, a monitor polling a few times a second by one in five.
+# others use the database when active (or done in the last 50 ms) in this share of the probes
 NEIGHBOURS_WINDOW_SECONDS = 5.0
 NEIGHBOURS_SHARE = 0.5
-# Beside other sessions a batch is sized to take about this long (pt-archiver's --chunk-time):
-# a service transaction that meets a batch waits less behind a short one (docs/benchmarks.md).
-SHARED_BATCH_SECONDS = 0.005
+SHARED_BATCH_SECONDS = 0.005  # beside other sessions a batch takes about this long
 SHARED_BATCH_MIN = 50  # rows (sessions) a sized batch takes at least
 REPLAY_WINDOW_SECONDS = 2.0  # the replica's replay rate is read over this window
 WAL_DEBT_MAX_SECONDS = 2.0  # the WAL-rate bucket's depth, in seconds of the budget
@@ -59,10 +53,9 @@ def fetch(conn: psycopg.Connection, query: str, params: dict | None = None) -> t
 
 
 def replica_lag_seconds(history: Sequence[Reading], reading: Reading) -> float:
-    """The slowest replica's replay lag in seconds (0 without a replica): the age of the oldest
-    WAL position seen written and not replayed (``history``, oldest first), or the server's
-    own ``replay_lag`` if larger. A replica that replayed all of ``reading``'s WAL is not
-    behind, whatever ``replay_lag`` still shows (it keeps its last value a while)."""
+    """The slowest replica's lag (0 without one or once it replayed ``reading``'s WAL): the age
+    of the oldest WAL seen written and not replayed (``history``, oldest first) or its
+    ``replay_lag``, whichever is larger."""
     if reading.replay_bytes is None or reading.replay_bytes >= reading.wal_bytes:
         return 0.0
     lag = max(reading.replay_lag_seconds or 0.0, 0.0)
@@ -73,10 +66,8 @@ def replica_lag_seconds(history: Sequence[Reading], reading: Reading) -> float:
 
 
 def replay_seconds(history: Sequence[Reading], reading: Reading) -> float:
-    """How long the replica needs to replay what it has not, at the rate it replayed since the
-    oldest reading of the last :data:`REPLAY_WINDOW_SECONDS` (0 without a replica or a rate):
-    the lag it will show once that WAL is replayed, which :func:`replica_lag_seconds` sees
-    only as it happens."""
+    """How long the replica needs to replay what it has not, at its rate over the last
+    :data:`REPLAY_WINDOW_SECONDS` (0 without a replica or a rate)."""
     if reading.replay_bytes is None or reading.replay_bytes >= reading.wal_bytes:
         return 0.0
     first = None
@@ -99,10 +90,8 @@ def database_shared(others_active: Sequence[bool]) -> bool:
 def wal_paid_until(
     paid_until: float, since: float, now: float, new_bytes: int, bytes_per_second: float
 ) -> float:
-    """The WAL-rate leaky bucket: when all WAL written so far is paid for. ``new_bytes`` were
-    written between ``since`` and ``now``; they pay from ``since`` or from when the earlier WAL
-    was paid, whichever is later. An idle minute buys no burst, and the debt is at most
-    :data:`WAL_DEBT_MAX_SECONDS` (a burst of the services' own is not the drain's to repay)."""
+    """The WAL-rate leaky bucket: when ``new_bytes`` written since ``since`` are paid for, from
+    ``since`` or the earlier WAL's payment, at most :data:`WAL_DEBT_MAX_SECONDS` from now."""
     paid = max(paid_until, since) + max(0, new_bytes) / bytes_per_second
     return min(paid, now + WAL_DEBT_MAX_SECONDS)
 
