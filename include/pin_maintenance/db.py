@@ -1,9 +1,6 @@
-"""Postgres plumbing shared by the jobs: per-transaction session guards, the pool-size check,
-the single-runner advisory lock (docs/design/pooler-and-slots.md; docs/deploying.md, section 4).
-
-Nothing a job connection sets outlives its transaction, so it is safe behind a transaction
-pooler. This relies on psycopg internals pinned by ``tests/unit/test_db_guards.py``.
-"""
+"""Postgres plumbing shared by the jobs: session guards that end with each transaction (safe
+behind a pooler; the psycopg internals they use are pinned by tests/unit/test_db_guards.py),
+the pool-size check, the advisory lock (docs/design/pooler-and-slots.md)."""
 
 from __future__ import annotations
 
@@ -202,13 +199,9 @@ def lock_key(name: str) -> int:
 
 @contextmanager
 def advisory_lock(connect: Connect, name: str, ttl_seconds: float) -> Iterator[bool]:
-    """Try to take the job's single-runner lock; yield whether we hold it. Never waits.
-
-    A transaction-level lock held by an open transaction on a connection of its own (safe behind
-    a pooler, released by the rollback at exit or when the holder dies), leased by a local
-    ``idle_in_transaction_session_timeout`` of ``ttl_seconds`` (docs/design.md, "Bounds and
-    single runners").
-    """
+    """Try to take the job's single-runner lock, a transaction lock on a connection of its own
+    leased by ``idle_in_transaction_session_timeout`` (docs/design.md, "Bounds and single
+    runners"); yield whether we hold it. Never waits."""
     conn = connect()
     try:
         conn.execute(
@@ -257,10 +250,8 @@ def lock_held_too_long(
     )
 
 
-# SQLSTATE classes and states of "the database or our session is unwell", not "this row is
-# bad": connection, read-only/failover, rollback/deadlock, syntax/privilege, resources,
-# operator intervention (statement timeout, shutdown), system, config, internal; lock timeout
-# and object state.
+# SQLSTATEs of an unwell database or session, not a bad row: connection, read-only, deadlock,
+# syntax/privilege, resources, timeout/shutdown, system, config, internal; lock timeout, state
 _DATABASE_FAULTS = frozenset({"08", "25", "40", "42", "53", "57", "58", "F0", "XX"})
 _DATABASE_FAULT_STATES = frozenset({"55P03", "55000", "55006"})
 

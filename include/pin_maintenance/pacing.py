@@ -202,17 +202,14 @@ class Pacer:
         limit, held, lag = self.config.max_replica_lag_seconds, 0.0, self._replica_behind()
         if lag <= limit:
             return
-        self.telemetry.log.info(
-            "job_paced", reason=REASON_REPLICA_LAG, value=round(lag, 3), limit=limit
-        )
+        log = self.telemetry.log
+        log.info("job_paced", reason=REASON_REPLICA_LAG, value=round(lag, 3), limit=limit)
         while lag > limit and not stop.is_set() and self.deadline_remaining() > 0:
             held += self._pause(min(REPLICA_RECHECK_SECONDS, self.deadline_remaining()), stop)
             self._probe_if_due(conn)
             lag = self._replica_behind()
         self._account(REASON_REPLICA_LAG, held)
-        self.telemetry.log.info(
-            "job_resumed", reason=REASON_REPLICA_LAG, paced_ms=round(held * 1000)
-        )
+        log.info("job_resumed", reason=REASON_REPLICA_LAG, paced_ms=round(held * 1000))
 
     def _wal_debt(self, conn: psycopg.Connection) -> float:
         """Seconds until the WAL written so far is paid for (alone: nothing owed); logs a spell
@@ -235,17 +232,16 @@ class Pacer:
             resumed = debt <= 0 and paced_at is not None and now - paced_at >= WAL_RESUME_SECONDS
             if debt > 0 or resumed:
                 self._wal_paced_at = now if debt > 0 else None
+        log = self.telemetry.log
         if debt > 0 and paced_at is None:
-            self.telemetry.log.info(
+            log.info(
                 "job_paced",
                 reason=REASON_WAL_RATE,
                 value=round(rate / MEGABYTE, 1),
                 limit=self.config.max_wal_mb_per_second,
             )
         if resumed:
-            self.telemetry.log.info(
-                "job_resumed", reason=REASON_WAL_RATE, paced_ms=round(paced * 1000)
-            )
+            log.info("job_resumed", reason=REASON_WAL_RATE, paced_ms=round(paced * 1000))
         return max(debt, 0.0)
 
     def _account(self, reason: str, seconds: float) -> None:

@@ -41,6 +41,5 @@ class PacingConfig(JobConfig):
         return bool(self.max_replica_lag_seconds or self.max_wal_mb_per_second)
 
 
-# Every signal off, as config overrides: a run at its own speed, as before pacing (a test of a
-# bound, a bench case).
+# every signal off, as config overrides: a run at its own speed (a test of a bound, a bench case)
 PACING_OFF = {"max_replica_lag_seconds": 0, "max_wal_mb_per_second": 0}

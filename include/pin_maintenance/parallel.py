@@ -22,18 +22,14 @@ class Deadline:
     """A fixed point on a monotonic clock; every wait of a run takes its timeout from it."""
 
     def __init__(self, seconds: float, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
+        self.clock = clock
         self._at = clock() + max(0.0, float(seconds))
 
-    @property
-    def clock(self) -> Callable[[], float]:
-        return self._clock
-
     def remaining(self) -> float:
-        return max(0.0, self._at - self._clock())
+        return max(0.0, self._at - self.clock())
 
     def expired(self) -> bool:
-        return self._clock() >= self._at
+        return self.clock() >= self._at
 
     def timeout(self, cap: float | None = None) -> float:
         """The timeout for one wait: what is left of the run, at most ``cap``."""
@@ -51,17 +47,14 @@ class LanesDidNotStop(RuntimeError):
 
 @dataclass
 class Lane:
-    """What one lane gets: its number, the crew's stop signal and the run's deadline."""
+    """What one lane gets: its number, the crew's stop signal, the run's deadline, and
+    ``on_cancel(hook)``: ``hook`` runs (from another thread, or now if already cancelled) when
+    the crew is cancelled, to interrupt what the lane may block in (``conn.cancel_safe``)."""
 
     index: int
     stop: StopSignal
     deadline: Deadline
-    _crew: _Crew = field(repr=False)
-
-    def on_cancel(self, hook: Callable[[], object]) -> None:
-        """Run ``hook`` (from another thread, or now if already cancelled) when the crew is
-        cancelled: it must interrupt what the lane may block in, e.g. ``conn.cancel_safe``."""
-        self._crew.add_hook(hook)
+    on_cancel: Callable[[Callable[[], object]], None] = field(repr=False)
 
 
 class _Crew:
@@ -122,7 +115,7 @@ def run_lanes(
 
     def body(index: int) -> None:
         try:
-            results[index] = lanes[index](Lane(index, crew.stop, deadline, crew))
+            results[index] = lanes[index](Lane(index, crew.stop, deadline, crew.add_hook))
         except BaseException as exc:  # every kind: a sibling must never wait for a dead lane
             crew.fail(exc)
         finally:
@@ -165,8 +158,7 @@ class BatchBudget:
     than ``batch_size`` takes its share, so the bound stays one of rows."""
 
     def __init__(self, limit: int | None, batch_size: int | None = None) -> None:
-        self.limit = limit
-        self.batch_size = batch_size
+        self.limit, self.batch_size = limit, batch_size
         self.taken = 0.0
         self._lock = threading.Lock()
 

@@ -64,8 +64,7 @@ class JobLog:
     vocabulary"), with the trace and span ids when a span is current."""
 
     def __init__(self, job: str, run_id: str, logger: logging.Logger | None = None) -> None:
-        self.job = job
-        self.run_id = run_id
+        self.job, self.run_id = job, run_id
         self.logger = logger or logging.getLogger(f"pin_maintenance.{job}")
 
     def line(self, event: str, fields: Mapping[str, Any]) -> str:
@@ -162,17 +161,15 @@ def resumed(span: Span) -> Iterator[Span]:
 
 def record_error(span: Span, error_type: str) -> None:
     """Mark ``span`` failed with an error class or code only, never a message."""
-    if not span.is_recording():
-        return
-    span.set_attribute("error.type", error_type)
-    span.set_status(Status(StatusCode.ERROR, error_type))
+    if span.is_recording():
+        span.set_attribute("error.type", error_type)
+        span.set_status(Status(StatusCode.ERROR, error_type))
 
 
 def set_result(span: Span, result: Mapping[str, Any], prefix: str = "pin.result.") -> None:
     """Put a job result's scalar counts and flags on ``span`` (its XCom dict, as is)."""
-    if not span.is_recording():
-        return
-    span.set_attributes({prefix + k: v for k, v in result.items() if isinstance(v, AttrValue)})
+    if span.is_recording():
+        span.set_attributes({prefix + k: v for k, v in result.items() if isinstance(v, AttrValue)})
 
 
 class RecordingMetrics:
