@@ -1,23 +1,5 @@
-"""SnapshotDetachRetryJob (seed 000): retry the selections detach for the news action-outbox.
-
-One run, under the single-runner advisory lock :data:`LOCK_NAME` (busy = skip, success):
-
-1. **Claim** (one short transaction per batch): up to ``batch_size`` due ``Pending`` rows,
-   oldest due first, ``FOR UPDATE SKIP LOCKED``; ``attempts += 1``, the next backoff set,
-   ``updated_at = now`` (the claim token).
-2. **Detach**: ``POST /internal/snapshots/{snapshot_id}/detach`` per row on the call pool,
-   outside any transaction, the outbox id as ``Idempotency-Key``, through the gate
-   (``snapshot_detach_gate``: the adaptive limit, Retry-After pauses, the breakers).
-3. **Outcome** (one short transaction per batch, each row guarded by its claim token): what
-   each answer means is the answer table (``snapshot_detach_answers``).
-
-The run ends within ``max_run_duration_seconds + detach_call_timeout_seconds +
-RUN_MARGIN_SECONDS``: every wait takes its timeout from the run's one
-:class:`~include.pin_maintenance.parallel.Deadline`, and claimed rows not called get their
-attempt back (docs/design/detach.md, also for the alerts, sent on the call pool). A stop
-signal gives back the calls not started, records the batch, then raises ``JobCancelled``.
-Metrics and events: docs/design.md, "Metrics".
-"""
+"""SnapshotDetachRetryJob (seed 000): claim due outbox rows, call the selections detach for each
+through the gate, record each answer's outcome (docs/design.md, docs/design/detach.md)."""
 
 from __future__ import annotations
 
@@ -32,6 +14,7 @@ from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -46,12 +29,7 @@ from include.pin_maintenance.db import (
     advisory_lock,
     require_server_connections,
 )
-from include.pin_maintenance.jobs.snapshot_detach_answers import (
-    Answer,
-    Decision,
-    Verdict,
-    decide,
-)
+from include.pin_maintenance.jobs.snapshot_detach_answers import Answer, Decision, Verdict, decide
 from include.pin_maintenance.jobs.snapshot_detach_config import (
     CONFIG,
     JOB,
@@ -80,12 +58,11 @@ from include.pin_maintenance.telemetry import (
 
 LOCK_NAME = "Pin:lock:job:scheduled:news-snapshot-detach-retry"
 KNOWN_REASONS = frozenset({"BlockReplaced", "PostDeleted"})
-# The pipeline's depth: rows claimed and not yet recorded, in batches. When a slow call would
-# keep it full, the answered rows of its batch are recorded, so a stalled call holds back only
-# its own row, not the claims behind it.
-MAX_UNSETTLED_BATCHES = 3
+MAX_UNSETTLED_BATCHES = 3  # the pipeline's depth: rows claimed and not yet recorded, in batches
 PIPELINE_POLL_SECONDS = 0.02  # how often the main thread looks whether to claim ahead
 ALERT_FLUSH_SECONDS = 2.0  # of RUN_MARGIN_SECONDS: undelivered alerts after that are logged
+_utc_now = partial(datetime.now, UTC)
+GIVEN_BACK = frozenset({Verdict.NOT_CALLED, Verdict.AUTH_FAILED, Verdict.MISROUTED, Verdict.OUTAGE})
 
 QUARANTINED_ALERT = "snapshot_detach_quarantined"
 AUTH_ALERT = "selections_auth_failed"
@@ -94,7 +71,7 @@ OUTAGE_ALERT = "selections_unavailable"
 
 
 class Metric:
-    """The detach job's metric names (the contract: docs/design.md, "Metrics")."""
+    """The detach job's metric names (docs/design.md, "Metrics")."""
 
     PENDING = "news_snapshot_detach_pending"
     OLDEST_AGE = "news_snapshot_detach_oldest_age_seconds"
@@ -108,7 +85,6 @@ class Metric:
     LAST_SUCCESS = "news_snapshot_detach_last_success_timestamp_seconds"
     BREAKER_OPEN = "news_snapshot_detach_breaker_open_total"
     CONCURRENCY = "news_snapshot_detach_concurrency_limit"
-    # sent at 0 when a run starts (lifecycle.JobRun.started)
     COUNTERS = (RETRIED, SUCCEEDED, FAILED, QUARANTINED, LOCK_CONTENTION, BREAKER_OPEN)
 
 
@@ -162,8 +138,7 @@ class DetachResult:
         return self.stop_reason not in ("", StopReason.DRAINED)
 
     def as_dict(self) -> dict[str, Any]:
-        """Each field under its seed name (``given_back`` -> ``GivenBack``), seconds rounded to
-        the millisecond, and ``HasMore`` after ``Batches``."""
+        """``given_back`` -> ``GivenBack``, seconds to the ms, ``HasMore`` after ``Batches``."""
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -201,8 +176,8 @@ class OutcomePlan:
 
 
 def plan_outcome(row: ClaimedRow, decision: Decision, now: datetime) -> OutcomePlan:
-    """What ``decision`` writes to ``row`` (pure). Given back (not called, 401/403, misrouted):
-    attempts and due time as before the claim; an outage keeps the claim's backoff."""
+    """What ``decision`` writes to ``row``: given back, attempts and due time as before the
+    claim; an outage gives back the attempt but keeps the claim's backoff."""
     verdict = decision.verdict
     status, attempts, next_at, error = "Pending", row.attempts, row.next_attempt_at, decision.error
     if verdict in (Verdict.NOT_CALLED, Verdict.AUTH_FAILED, Verdict.MISROUTED):
@@ -211,7 +186,7 @@ def plan_outcome(row: ClaimedRow, decision: Decision, now: datetime) -> OutcomeP
         status, error = "Done", None
     elif verdict is Verdict.QUARANTINE:
         status = "Quarantined"
-    else:  # retry, or an outage: the attempt given back, the claim's backoff kept
+    else:
         if verdict is Verdict.OUTAGE:
             attempts = row.attempts - 1
         if decision.retry_after_seconds is not None:
@@ -221,8 +196,7 @@ def plan_outcome(row: ClaimedRow, decision: Decision, now: datetime) -> OutcomeP
 
 
 def pg_array(values: Iterable[Any]) -> str:
-    """A Postgres array literal (``{...}``), cast in the SQL: one string per array costs the
-    main thread far less than psycopg's per-element dumping. None, bool, int, datetime, str."""
+    """A Postgres array literal of None, bool, int, datetime or str (cast in the SQL)."""
     parts = []
     for v in values:
         if v is None:
@@ -256,21 +230,9 @@ def claim_due_entries(
         ).fetchall()
         rows = []
         for rid, snapshot_id, post_id, reason, attempts, next_at, created_at in found:
-            n = attempts + 1
-            delay = backoff.delay_with_jitter(n, rng.uniform)
-            rows.append(
-                ClaimedRow(
-                    id=str(rid),
-                    snapshot_id=str(snapshot_id),
-                    post_id=str(post_id),
-                    reason=reason,
-                    attempts=n,
-                    previous_next_attempt_at=next_at,
-                    next_attempt_at=now + timedelta(seconds=delay),
-                    claimed_at=now,
-                    created_at=created_at,
-                )
-            )
+            due = now + timedelta(seconds=backoff.delay_with_jitter(attempts + 1, rng.uniform))
+            ids = (str(rid), str(snapshot_id), str(post_id))
+            rows.append(ClaimedRow(*ids, reason, attempts + 1, next_at, due, now, created_at))
         if rows:
             conn.execute(
                 sql.load("news/claim_due_entries"),
@@ -320,9 +282,7 @@ class PoolAlerts:
     """Alerts sent on the run's call pool, so a slow webhook never stretches the run."""
 
     def __init__(self, sink: AlertSink, pool: ThreadPoolExecutor, log: JobLog) -> None:
-        self._sink = sink
-        self._pool = pool
-        self._log = log
+        self._sink, self._pool, self._log = sink, pool, log
         self._sent: list[Future] = []
 
     def send(self, alert: Alert) -> None:
@@ -354,10 +314,6 @@ class _Batch:
         return [r for r in self.rows if r.id not in self.calls or self.calls[r.id].done()]
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 def run(
     connect: Connect,
     config: DetachConfig,
@@ -366,38 +322,27 @@ def run(
     client: DetachClient | None,
     *,
     dry_run: bool = False,
-    now: Callable[[], datetime] = utc_now,
+    now: Callable[[], datetime] = _utc_now,
     rng: random.Random | None = None,
     monotonic: Callable[[], float] = time.monotonic,
     lock_name: str = LOCK_NAME,
 ) -> DetachResult:
-    """One run of the job; ``config`` is ``CONFIG.resolve(...)``, ``client`` may be None for a
-    dry run. ``lock_name`` is for tests that defeat the single-runner lock on purpose."""
+    """One run; ``config`` is ``CONFIG.resolve(...)``, ``client`` may be None for a dry run.
+    ``lock_name`` is for tests that defeat the single-runner lock on purpose."""
     if client is None and not dry_run:
         raise ValueError("a detach client is required unless dry_run")
-    detach_run = _Run(
-        connect,
-        config,
-        telemetry,
-        stop,
-        client,
-        now=now,
-        rng=rng or random.Random(),
-        monotonic=monotonic,
-        lock_name=lock_name,
-    )
+    rng = rng or random.Random()
+    detach_run = _Run(connect, config, telemetry, stop, client, now, rng, monotonic, lock_name)
     try:
         with job_run(SPEC, telemetry) as lifecycle:
             return detach_run(lifecycle, dry_run)
     finally:
-        # alerts not sent within their bound are dropped; a call or an alert still running
-        # finishes on its own
+        # alerts not sent by now are dropped; a call or an alert still running ends on its own
         detach_run.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class _Outcomes:
-    """What a run records of its calls: the outcome rows, the result's counters, each
-    outcome's metrics, log line and alert."""
+    """What a run records of its calls: outcome rows, counters, metrics, log lines, alerts."""
 
     def __init__(
         self,
@@ -434,8 +379,7 @@ class _Outcomes:
             self._account_for(plan, now)
             if plan.decision.verdict is Verdict.DONE:
                 detached.append(plan)
-        if detached:
-            # one line per batch: under Airflow every line crosses the task supervisor
+        if detached:  # one line per batch: under Airflow every line crosses the supervisor
             self.metrics.incr(Metric.SUCCEEDED, len(detached))
             self.log.info(
                 "entries_detached",
@@ -470,91 +414,66 @@ class _Outcomes:
 
     def _account_for(self, plan: OutcomePlan, now: datetime) -> None:
         """One written outcome: the result's counters, its metrics, log line and alert."""
-        row, decision = plan.row, plan.decision
+        row, decision, r = plan.row, plan.decision, self.result
+        verdict, error = decision.verdict, decision.error
         if decision.is_failed_call:
-            self.result.failed += 1
+            r.failed += 1
             self.metrics.incr(Metric.FAILED)
-        verdict = decision.verdict
+        r.given_back += verdict in GIVEN_BACK
         if verdict is Verdict.DONE:
-            self.result.succeeded += 1  # counted and logged per batch by record()
+            r.succeeded += 1  # counted and logged per batch by record()
             self.metrics.timing(Metric.LAG, max(now - row.created_at, timedelta(0)))
             self.log.debug("entry_detached", snapshot_id=row.snapshot_id, attempts=row.attempts)
         elif verdict is Verdict.RETRY:
-            self.result.retried += 1
+            r.retried += 1
             self.metrics.incr(Metric.RETRIED)
             self.log.info(
                 "entry_retry",
                 snapshot_id=row.snapshot_id,
                 attempts=row.attempts,
-                error_code=decision.error,
+                error_code=error,
                 next_attempt_at=plan.next_attempt_at.isoformat(),
             )
-        elif verdict is Verdict.QUARANTINE:
-            self._quarantined(row, decision)
-        elif verdict is Verdict.AUTH_FAILED:
-            self.result.given_back += 1
-            self._auth_failed(decision)
-        elif verdict is Verdict.MISROUTED:
-            self.result.misroute_calls += 1
-            self.result.given_back += 1
-            self.log.info("entry_misrouted", snapshot_id=row.snapshot_id, attempts=row.attempts - 1)
         elif verdict is Verdict.OUTAGE:
-            self.result.outage_calls += 1
-            self.result.given_back += 1
+            r.outage_calls += 1
             self.log.info(
                 "entry_outage",
                 snapshot_id=row.snapshot_id,
                 attempts=row.attempts - 1,
-                error_code=decision.error,
+                error_code=error,
                 next_attempt_at=plan.next_attempt_at.isoformat(),
             )
-        else:
-            self.result.given_back += 1
+        elif verdict is Verdict.MISROUTED:
+            r.misroute_calls += 1
+            self.log.info("entry_misrouted", snapshot_id=row.snapshot_id, attempts=row.attempts - 1)
+        elif verdict is Verdict.NOT_CALLED:
             self.log.info(
                 "entry_not_called", snapshot_id=row.snapshot_id, attempts=row.attempts - 1
             )
-
-    def _quarantined(self, row: ClaimedRow, decision: Decision) -> None:
-        self.result.quarantined += 1
-        self.metrics.incr(Metric.QUARANTINED)
-        self.log.warning(
-            "entry_quarantined",
-            snapshot_id=row.snapshot_id,
-            reason=row.reason,
-            attempts=row.attempts,
-            error_code=decision.error,
-        )
-        self.quarantine_alerts.send(
-            Alert(
-                QUARANTINED_ALERT,
-                "warning",
-                f"snapshot {row.snapshot_id} quarantined after {row.attempts} attempt(s): "
-                f"{decision.error}",
-                {
-                    "snapshot_id": row.snapshot_id,
-                    "post_id": row.post_id,
-                    "reason": row.reason,
-                    "attempts": row.attempts,
-                },
+        elif verdict is Verdict.QUARANTINE:
+            r.quarantined += 1
+            self.metrics.incr(Metric.QUARANTINED)
+            self.log.warning(
+                "entry_quarantined",
+                snapshot_id=row.snapshot_id,
+                reason=row.reason,
+                attempts=row.attempts,
+                error_code=error,
             )
-        )
-
-    def _auth_failed(self, decision: Decision) -> None:
-        """The first refused call of the run logs and alerts; the rest are only counted."""
-        if self.result.auth_failed:
-            return
-        self.result.auth_failed = True
-        self.log.error("selections_auth_failed", error_code=decision.error)
-        self.alerts.send(
-            Alert(
-                AUTH_ALERT,
-                "critical",
-                f"selections rejected our credentials ({decision.error}); detach calls "
-                "stopped for this run, no attempts consumed. Check the selections_api "
-                "connection.",
-                {"error": decision.error},
+            details = {"snapshot_id": row.snapshot_id, "post_id": row.post_id}
+            details |= {"reason": row.reason, "attempts": row.attempts}
+            text = (
+                f"snapshot {row.snapshot_id} quarantined after {row.attempts} attempt(s): {error}"
             )
-        )
+            self.quarantine_alerts.send(Alert(QUARANTINED_ALERT, "warning", text, details))
+        elif not r.auth_failed:  # the first refused call of the run logs and alerts
+            r.auth_failed = True
+            self.log.error("selections_auth_failed", error_code=error)
+            text = (
+                f"selections rejected our credentials ({error}); detach calls stopped for this "
+                "run, no attempts consumed. Check the selections_api connection."
+            )
+            self.alerts.send(Alert(AUTH_ALERT, "critical", text, {"error": error}))
 
     def alert_misrouted(self, limit: int, quarantined_404: int) -> None:
         r = self.result
@@ -564,64 +483,45 @@ class _Outcomes:
             misroute_calls=r.misroute_calls,
             given_back=r.given_back,
         )
-        self.alerts.send(
-            Alert(
-                MISROUTE_ALERT,
-                "critical",
-                f"selections answered 404 to {quarantined_404 + 1}+ detach calls and 2xx to "
-                "none: the selections route looks wrong (base URL, path, ingress). At most "
-                f"{limit} row(s) were quarantined; calls stopped for this run and every other "
-                "row cost no attempt. Check the selections_api connection.",
-                {
-                    "quarantined_404": quarantined_404,
-                    "misroute_calls": r.misroute_calls,
-                    "given_back": r.given_back,
-                    "limit": limit,
-                },
-            )
+        text = (
+            f"selections answered 404 to {quarantined_404 + 1}+ detach calls and 2xx to none: "
+            "the selections route looks wrong (base URL, path, ingress). At most "
+            f"{limit} row(s) were quarantined; calls stopped for this run and every other "
+            "row cost no attempt. Check the selections_api connection."
         )
+        details = {"quarantined_404": quarantined_404, "misroute_calls": r.misroute_calls}
+        details |= {"given_back": r.given_back, "limit": limit}
+        self.alerts.send(Alert(MISROUTE_ALERT, "critical", text, details))
 
 
+@dataclass
 class _Run:
     """One run: its lifecycle, the batch pipeline (claim ahead, call, record) and its end."""
 
-    def __init__(
-        self,
-        connect: Connect,
-        config: DetachConfig,
-        telemetry: Telemetry,
-        stop: StopSignal,
-        client: DetachClient | None,
-        *,
-        now: Callable[[], datetime],
-        rng: random.Random,
-        monotonic: Callable[[], float],
-        lock_name: str,
-    ) -> None:
-        self.lock_name = lock_name
-        self.connect = connect
-        self.config = config
-        self.telemetry = telemetry
-        self.log = telemetry.log
-        self.metrics = telemetry.metrics
-        self.stop = stop
-        self.client = client
-        self.now = now
-        self.rng = rng
-        self.monotonic = monotonic
+    connect: Connect
+    config: DetachConfig
+    telemetry: Telemetry
+    stop: StopSignal
+    client: DetachClient | None
+    now: Callable[[], datetime]
+    rng: random.Random
+    monotonic: Callable[[], float]
+    lock_name: str
+
+    def __post_init__(self) -> None:
+        config, telemetry = self.config, self.telemetry
+        self.log, self.metrics = telemetry.log, telemetry.metrics
         self.backoff = Backoff(
             config.backoff_base_seconds, config.backoff_factor, config.backoff_cap_seconds
         )
-        self.pool = ThreadPoolExecutor(
-            max_workers=config.detach_concurrency, thread_name_prefix="detach"
-        )
+        self.pool = ThreadPoolExecutor(config.detach_concurrency, thread_name_prefix="detach")
         self.alerts = PoolAlerts(telemetry.alerts, self.pool, telemetry.log)
-        self.deadline = Deadline(worst_case_run_seconds(config), clock=monotonic)  # reset per run
+        self.deadline = Deadline(worst_case_run_seconds(config), clock=self.monotonic)
         self.gate: CallGate | None = None  # made when the pipeline starts
         self.calls: CallWorkers | None = None
         self.aborted = False  # the main thread failed: no new call starts
         self.result = DetachResult()
-        self.outcomes = _Outcomes(self.result, telemetry, self.alerts, now)
+        self.outcomes = _Outcomes(self.result, telemetry, self.alerts, self.now)
         self.lifecycle: JobRun | None = None
 
     def __call__(self, lifecycle: JobRun, dry_run: bool) -> DetachResult:
@@ -645,7 +545,6 @@ class _Run:
         with advisory_lock(self.connect, self.lock_name, lease) as held:
             if not held:
                 self.result.lock_acquired = False
-                # a holder past the lease is stuck: a live run ends before its lease does
                 lifecycle.skipped_lock_busy(self.connect, self.lock_name, lease, alerts=self.alerts)
                 return self._finish(started, success=True, lock_busy=True)
             cancelled = self._run_batches()
@@ -657,12 +556,8 @@ class _Run:
     # -- the batch pipeline ----------------------------------------------------------------
 
     def _run_batches(self) -> bool:
-        """The batch pipeline; True when it stopped because of the stop signal.
-
-        Calls stay in flight across batches: the next batch is claimed while fewer calls are
-        queued than the limit allows in flight (at most :data:`MAX_UNSETTLED_BATCHES`
-        unrecorded), and a batch is recorded as soon as its calls are in, in one transaction.
-        """
+        """The batch pipeline (docs/design/detach.md, "Batch pipelining"); True when the stop
+        signal ended it."""
         conn = self.connect()
         conn.autocommit = True  # every unit of work is an explicit, short transaction
         require_server_connections([conn], job=JOB, held=1)  # + the lock: pool size 2
@@ -860,21 +755,14 @@ class _Run:
             )
         if r.breaker_open:
             self.metrics.incr(Metric.BREAKER_OPEN)
-            self.alerts.send(
-                Alert(
-                    OUTAGE_ALERT,
-                    "warning",
-                    f"selections failed {r.breaker_failures} detach calls in a row; calls "
-                    f"stopped for this run after {r.calls} call(s), {r.outage_calls} of them "
-                    "and every row not called cost no attempt. The next run probes again.",
-                    {
-                        "consecutive_failures": r.breaker_failures,
-                        "calls": r.calls,
-                        "outage_calls": r.outage_calls,
-                        "given_back": r.given_back,
-                    },
-                )
+            text = (
+                f"selections failed {r.breaker_failures} detach calls in a row; calls stopped "
+                f"for this run after {r.calls} call(s), {r.outage_calls} of them and every row "
+                "not called cost no attempt. The next run probes again."
             )
+            details = {"consecutive_failures": r.breaker_failures, "calls": r.calls}
+            details |= {"outage_calls": r.outage_calls, "given_back": r.given_back}
+            self.alerts.send(Alert(OUTAGE_ALERT, "warning", text, details))
 
     # -- end of run ------------------------------------------------------------------------
 
@@ -944,14 +832,12 @@ class _Run:
             self.log.warning("backlog_measure_failed", error=type(exc).__name__)
             return
         pending, oldest_age = int(row[0]), max(float(row[1]), 0.0)
-        self.result.pending = pending
-        self.result.oldest_age_seconds = oldest_age
+        self.result.pending, self.result.oldest_age_seconds = pending, oldest_age
         self.metrics.gauge(Metric.PENDING, pending)
         self.metrics.gauge(Metric.OLDEST_AGE, oldest_age)
 
 
-# --------------------------------------------------------------------------------------------
-# command line: the job without Airflow (python -m include.pin_maintenance.jobs.snapshot_detach)
+# the job without Airflow: python -m include.pin_maintenance.jobs.snapshot_detach
 
 CLI_DESCRIPTION = """\
 Run SnapshotDetachRetryJob once against the news database (no Airflow needed).
