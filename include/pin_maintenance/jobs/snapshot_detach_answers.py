@@ -1,18 +1,10 @@
-"""What one detach call's answer means, decided once: the answer table.
-
-Every outcome of a call (an HTTP status class, a transport error, our own client's exception)
-is one row of :data:`ANSWERS`: the row's verdict and ``last_error``, what it tells the outage
-breaker (:class:`Streak`), the concurrency limit (:class:`Load`) and the misroute breaker
-(:class:`Route`), and whether it throttles, refuses our credentials or was lost in transport.
-:func:`answer_of` picks a call's row once; the gate, the span, the logs and the outcome all read
-that :class:`Answer`. What each verdict writes: docs/design.md, "Selections API". Table-tested
-in ``tests/unit/test_snapshot_detach_answers.py``.
-"""
+"""The answer table: what one detach call's answer means for its row, the outage breaker, the
+concurrency limit and the misroute breaker, decided once (docs/design/detach.md)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Container, Mapping
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -71,7 +63,7 @@ class Answer:
     verdict: Verdict  # before max_attempts and an outage count (see decide())
     streak: Streak
     load: Load
-    name: str | Mapping[int, str] = field(default="", compare=False)  # last_error's class
+    name: str = field(default="", compare=False)  # last_error's class, unless in CODE_NAMES
     errors: Container[str] | None = field(default=(), compare=False)  # None: every other class
     throttles: bool = False  # counted as throttled; its Retry-After pauses calls, delays the row
     stops_calls: bool = False  # our credentials are refused: no more calls this run
@@ -84,38 +76,26 @@ class Answer:
     error_type: str | None = None  # the span's error.type and the logs' error (None for 2xx)
 
 
+CODE_NAMES = {
+    400: "HttpBadRequest",
+    401: "HttpUnauthorized",
+    403: "HttpForbidden",
+    408: "HttpRequestTimeout",
+    409: "HttpConflict",
+    410: "HttpGone",
+    422: "HttpUnprocessable",
+    423: "HttpLocked",
+    425: "HttpTooEarly",
+}
 V, S, L = Verdict, Streak, Load
-# The first row holding an outcome is its answer. A 4xx is permanent only when the snapshot is
-# unknown or gone or the request itself is refused (docs/design/detach.md); redirects are not
-# followed, so a 1xx/3xx is an unexpected status.
+# The first row holding an outcome is its answer (why each 4xx is where it is:
+# docs/design/detach.md); redirects are not followed, so a 1xx/3xx is an unexpected status.
 ANSWERS: tuple[Answer, ...] = (
     Answer("2xx", range(200, 300), V.DONE, S.RESET, L.LATENCY, route=Route.WORKS),
     Answer("404", {404}, V.QUARANTINE, S.RESET, L.LATENCY, "HttpNotFound", route=Route.NOT_FOUND),
-    Answer(
-        "400/410/422",
-        {400, 410, 422},
-        V.QUARANTINE,
-        S.RESET,
-        L.LATENCY,
-        {400: "HttpBadRequest", 410: "HttpGone", 422: "HttpUnprocessable"},
-    ),
-    Answer(
-        "401/403",
-        {401, 403},
-        V.AUTH_FAILED,
-        S.RESET,
-        L.LATENCY,
-        {401: "HttpUnauthorized", 403: "HttpForbidden"},
-        stops_calls=True,
-    ),
-    Answer(
-        "408/409/423/425",
-        {408, 409, 423, 425},
-        V.RETRY,
-        S.RESET,
-        L.LATENCY,
-        {408: "HttpRequestTimeout", 409: "HttpConflict", 423: "HttpLocked", 425: "HttpTooEarly"},
-    ),
+    Answer("400/410/422", {400, 410, 422}, V.QUARANTINE, S.RESET, L.LATENCY),
+    Answer("401/403", {401, 403}, V.AUTH_FAILED, S.RESET, L.LATENCY, stops_calls=True),
+    Answer("408/409/423/425", {408, 409, 423, 425}, V.RETRY, S.RESET, L.LATENCY),
     Answer("429", {429}, V.RETRY, S.RESET, L.CONGESTION, "HttpTooManyRequests", throttles=True),
     Answer("other 4xx", range(400, 500), V.RETRY, S.RESET, L.LATENCY, "HttpClientError"),
     Answer("503", {503}, V.RETRY, S.FAILURE, L.CONGESTION, "HttpServerError", throttles=True),
@@ -123,13 +103,7 @@ ANSWERS: tuple[Answer, ...] = (
     Answer("other 5xx", range(500, 600), V.RETRY, S.FAILURE, L.NONE, "HttpServerError"),
     Answer("unexpected status", None, V.RETRY, S.NONE, L.NONE, "HttpUnexpectedStatus"),
     Answer(
-        "timeout",
-        (),
-        V.RETRY,
-        S.FAILURE,
-        L.CONGESTION,
-        errors={"Timeout"},
-        lost_in_transport=True,
+        "timeout", (), V.RETRY, S.FAILURE, L.CONGESTION, errors={"Timeout"}, lost_in_transport=True
     ),
     Answer(
         "connection error",
@@ -172,7 +146,7 @@ def answer_of(outcome: CallOutcome) -> Answer:
     if code is None:
         error = clean_error(outcome.error_class or "UnknownError")
     else:
-        name = row.name if isinstance(row.name, str) else row.name[code]
+        name = CODE_NAMES.get(code, row.name)
         suffix = f" retry_after={retry_after:g}s" if retry_after is not None else ""
         error = f"{name} {code}{suffix}"
     return replace(
