@@ -1,10 +1,5 @@
-"""The gate every detach call passes: how many are in flight, and when calls stop.
-
-It acts on each answer's row of the answer table (``snapshot_detach_answers``); why each rule
-is as it is: docs/design/detach.md. The rules (:class:`AdaptiveLimit`, :class:`Breaker`,
-:class:`Misroute`) are plain objects without threads or clocks, table-tested in ``tests/unit``;
-:class:`CallGate` is the thread-safe part the calls go through, on the run's one deadline.
-"""
+"""The gate every detach call passes: how many are in flight, and when calls stop (the rules:
+docs/design/detach.md). The rules are plain objects; :class:`CallGate` is the thread-safe part."""
 
 from __future__ import annotations
 
@@ -19,12 +14,8 @@ from include.pin_maintenance.parallel import Deadline
 
 WAIT_SLICE_SECONDS = 0.2  # a waiting worker rechecks the stop signal at least this often
 STALL_SCAN_SECONDS = 0.05  # calls in flight are looked at no more often (a stall is >= 0.5 s)
-# a spell this long in which no worker passed the gate (not even a waiting one, which wakes
-# every WAIT_SLICE_SECONDS) is the job's process pausing (a garbage collection), not the service
-QUIET_SECONDS = 0.3
+QUIET_SECONDS = 0.3  # no worker passed the gate this long: the process paused, not the service
 MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
-
-
 WINDOW_MIN_CALLS = 16  # fewer answers say too little about a mean latency
 WINDOW_ROUNDS = 4  # a window holds about this many rounds of the limit
 CEILING_SECONDS = 10.0  # after a congestion cut the limit stays below it this long
@@ -34,15 +25,12 @@ KNEE_STEP = 0.8  # a window of queueing lowers the limit by at most a fifth
 DECREASE_FACTOR = 0.5  # cut on a congestion signal
 NOISE_Z = 2.0  # a window mean is judged by its confidence bounds, this many standard errors
 STALL_FACTOR = 10.0  # a call in flight this many times the base is stalled
-STALL_MIN_SECONDS = 0.5  # never shorter: a garbage collection of a big interpreter pauses
-# every thread for a few hundred ms; a dropped connection attempt takes 1 s
+STALL_MIN_SECONDS = 0.5  # never shorter: a garbage collection pauses every thread for longer
 
 
 @dataclass
 class AdaptiveLimit:
-    """How many detach calls the job keeps in flight, between ``minimum`` and ``maximum``:
-    the service's knee by the mean latency of each window of answers (docs/design/detach.md,
-    "Finding the knee"); congestion halves it once per epoch."""
+    """How many detach calls the job keeps in flight (docs/design/detach.md, "Finding the knee")."""
 
     minimum: int
     maximum: int
@@ -97,8 +85,6 @@ class AdaptiveLimit:
         """Cut once per epoch: a call started before the last cut does not cut again."""
         if started_epoch < self.epoch:
             return False
-        # where the service pushed back is not probed again for a while, and a cliff hit
-        # again within that while lowers the ceiling by a fifth each time
         self.ceiling = max(float(self.minimum), min(self.limit - 1, KNEE_STEP * self.limit))
         self.ceiling_until = now + CEILING_SECONDS
         self.limit = max(float(self.minimum), self.limit * DECREASE_FACTOR)
@@ -112,8 +98,6 @@ class AdaptiveLimit:
         mean = self._window_sum / n
         variance = max(0.0, self._window_squares - n * mean * mean) / (n - 1)
         error = NOISE_Z * math.sqrt(variance / n)
-        # the base is the lowest upper bound, and a window queues only if even its lower
-        # bound is above it: noise alone (a lognormal tail) neither sets nor crosses a bar
         self.windows += 1
         self.base = min(self.base, mean + error)
         self.adjust(mean, self.base, used=self._window_peak >= self.slots, error=error)
@@ -121,15 +105,12 @@ class AdaptiveLimit:
             self.limit = min(self.limit, max(self.ceiling, float(self.minimum)))
         self._window_started = now
         self._window_sum = self._window_squares = 0.0
-        self._window_calls = 0
-        self._window_peak = 0
+        self._window_calls = self._window_peak = 0
 
     def adjust(self, mean: float, base: float, *, used: bool, error: float = 0.0) -> None:
         """Judge one window: its mean latency (± ``error``) against the base."""
         ratio = (mean - error) / base if base > 0 else 1.0
         if ratio >= CUT_ABOVE or (self.slow_start and ratio >= GROW_BELOW):
-            # at most KNEE_STEP down per window: part of the rise may be the job's own
-            # queueing (its threads share one interpreter), which costs the service nothing
             knee = max(self.limit * base / mean + 1, KNEE_STEP * self.limit)
             self.limit = max(float(self.minimum), min(self.limit, knee))
             self.slow_start = False
@@ -164,16 +145,11 @@ class Breaker:
             if streak is Streak.FAILURE:
                 self.outage_rows.add(row_id)  # in flight when it opened, failed the same way
             return False
-        if streak is Streak.NONE:
-            return False
         if streak is Streak.RESET:
             self.streak.clear()
             self.stale_rows.clear()
-            return False
-        if stale:
-            self.stale_rows.append(row_id)
-            return False
-        self.streak.append(row_id)
+        elif streak is Streak.FAILURE:
+            (self.stale_rows if stale else self.streak).append(row_id)
         if len(self.streak) < self.threshold:
             return False
         self.is_open = True
@@ -193,23 +169,17 @@ class Misroute:
     quarantined_404s: int = 0  # 404s let through to quarantine while no 2xx was seen
     rows: set[str] = field(default_factory=set)  # 404 rows given back as the misroute's evidence
 
-    def record(self, row_id: str, route: Route) -> bool:
-        """Count one finished call; True when this call opened the misroute breaker."""
+    def record(self, row_id: str, route: Route) -> None:
+        """Count one finished call's route; the 404 past the limit opens the breaker."""
         if route is Route.WORKS:
             self.successes += 1
-            return False
-        if route is not Route.NOT_FOUND:
-            return False
-        if self.is_open:
-            self.rows.add(row_id)
-            return False
-        if self.successes or self.quarantined_404s < self.limit:
-            if not self.successes:
+        elif route is Route.NOT_FOUND:
+            if not (self.is_open or self.successes or self.quarantined_404s < self.limit):
+                self.is_open = True
+            if self.is_open:
+                self.rows.add(row_id)
+            elif not self.successes:
                 self.quarantined_404s += 1
-            return False
-        self.is_open = True
-        self.rows.add(row_id)
-        return True
 
 
 @dataclass(eq=False)
@@ -234,9 +204,8 @@ class GateStats:
 
 
 class CallGate:
-    """``acquire`` blocks until a call may start (a :class:`Ticket`), or returns None when it
-    must not be made; ``release`` reports its answer. ``on_open`` runs once, on the worker
-    thread whose call opened the outage breaker."""
+    """``acquire`` waits until a call may start (a :class:`Ticket`; None: it must not be made),
+    ``release`` reports its answer; ``on_open`` runs once, when the outage breaker opens."""
 
     def __init__(
         self,
@@ -252,11 +221,9 @@ class CallGate:
         self.stats = GateStats()
         self.auth_rejected = False  # a 401/403 answer: the credentials are refused
         self.retry_after_stopped = False  # a Retry-After the run's bound cannot sit out
-        self._deadline = deadline
+        self._deadline, self._clock = deadline, deadline.clock
+        self._stopped, self._on_open = stopped, on_open
         self._call_seconds = config.detach_call_timeout_seconds
-        self._stopped = stopped
-        self._on_open = on_open
-        self._clock = deadline.clock
         self._cond = threading.Condition()
         self._active: set[Ticket] = set()  # calls in flight
         self._answered_started = float("-inf")  # the latest start of a call that was answered
@@ -326,41 +293,33 @@ class CallGate:
                 # woken by a release; the timeout rechecks the stop signal and the deadline
                 self._cond.wait(self._deadline.timeout(WAIT_SLICE_SECONDS))
 
-    def _note_event(self, now: float) -> None:
-        """A worker passed the gate; a quiet spell before it exempts the calls it held."""
+    def _check_stalls(self, now: float) -> None:
+        """Count each call in flight past the stall time once, as congestion (under the lock);
+        a quiet spell before ``now`` exempts the calls that lived through it."""
         if now - self._last_event > QUIET_SECONDS:
             self._quiet_until = now
         self._last_event = now
+        if now >= self._next_stall_scan:
+            self._next_stall_scan = now + STALL_SCAN_SECONDS
+            for ticket in self._active:
+                self._check_stall(ticket, now)
 
-    def _stalled_now(self, ticket: Ticket, now: float) -> bool:
-        return ticket.started >= self._quiet_until and now - ticket.started > (
-            self.limit.stall_seconds
-        )
-
-    def _check_stalls(self, now: float) -> None:
-        """Count each call in flight past the stall time once, as congestion (under the lock)."""
-        self._note_event(now)
-        if now < self._next_stall_scan:
+    def _check_stall(self, ticket: Ticket, now: float) -> None:
+        if ticket.stalled or ticket.started < self._quiet_until:
             return
-        self._next_stall_scan = now + STALL_SCAN_SECONDS
-        for ticket in self._active:
-            if not ticket.stalled and self._stalled_now(ticket, now):
-                ticket.stalled = True
-                self.stats.call_stalls += 1
-                self.limit.on_congestion(ticket.epoch, now)
+        if now - ticket.started > self.limit.stall_seconds:
+            ticket.stalled = True
+            self.stats.call_stalls += 1
+            self.limit.on_congestion(ticket.epoch, now)
 
     def release(self, ticket: Ticket, row_id: str, answer: Answer) -> bool:
-        """Report a call's answer; True when it may be made once more: lost in transport while
-        the service answered calls started after it (the job's own overload lost it)."""
-        opened = False
+        """Report a call's answer; True when it may be made once more (lost in transport while
+        the service answered calls started after it)."""
         with self._cond:
             now = self._clock()
             self._check_stalls(now)
             self._active.discard(ticket)
-            # this call: a stall is a stall however it ends
-            if not ticket.stalled and self._stalled_now(ticket, now):
-                self.stats.call_stalls += 1
-                self.limit.on_congestion(ticket.epoch, now)
+            self._check_stall(ticket, now)  # a stall is a stall however it ends
             if answer.load is Load.LATENCY:
                 self.limit.on_answer(ticket.started, now)
                 self._answered_started = max(self._answered_started, ticket.started)
@@ -370,13 +329,10 @@ class CallGate:
                 wait = answer.retry_after_seconds
                 if wait and wait > MAX_PAUSE_SECONDS:
                     self.retry_after_stopped = True
-                elif wait:
-                    until = now + wait
-                    if until > self._paused_until:
-                        self.stats.retry_after_paused_seconds += until - max(
-                            self._paused_until, now
-                        )
-                        self._paused_until = until
+                elif wait and now + wait > self._paused_until:
+                    paused = now + wait - max(self._paused_until, now)
+                    self.stats.retry_after_paused_seconds += paused
+                    self._paused_until = now + wait
             # a failure of a call started before the last cut is that cut's congestion
             stale = not cut and ticket.epoch < self.limit.epoch
             opened = self.outage_breaker.record(row_id, answer.streak, stale=stale)
@@ -387,12 +343,8 @@ class CallGate:
                 self._cond.notify_all()  # every waiting worker returns
             else:  # wake only as many waiting workers as there are free slots
                 self._cond.notify(max(1, self.limit.slots - len(self._active)))
-            retry = (
-                answer.lost_in_transport
-                and self._answered_started > ticket.started
-                and not self.stop_reason
-            )
-            if retry:
+            lost = answer.lost_in_transport and self._answered_started > ticket.started
+            if retry := lost and not self.stop_reason:
                 self.stats.call_retries += 1
         if opened:
             self._on_open(self.outage_breaker, answer)
