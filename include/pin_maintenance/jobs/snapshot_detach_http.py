@@ -1,11 +1,5 @@
-"""The detach call: the HTTP client, and the run's calls on the call pool through its gate.
-
-The run only knows :class:`DetachClient`; it never sees a URL, a header, a credential or a
-response body. A call returns a :class:`CallOutcome` (a status code or the transport error's
-class name, and a ``Retry-After`` where the answer table reads one), so nothing secret can
-reach ``last_error`` or a log line. The current trace context goes out as ``traceparent``.
-``include.pin_airflow.selections`` builds :class:`HttpDetachClient` from Airflow's ``HttpHook``.
-"""
+"""The detach call: the HTTP client (a :class:`CallOutcome` out, nothing secret in it) and the
+run's calls on the call pool through its gate."""
 
 from __future__ import annotations
 
@@ -45,8 +39,7 @@ if TYPE_CHECKING:
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 DETACH_PATH = "/internal/snapshots/{snapshot_id}/detach"
-# a bogus Retry-After must not park a row for a year (the 429 is in last_error anyway)
-MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
+MAX_RETRY_AFTER_SECONDS = 24 * 3600.0  # a bogus Retry-After must not park a row for a year
 POOL_SIZE = 64  # connections kept alive per host (detach_concurrency is at most 64)
 _CA_BUNDLE_ENV = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
 _TRACE_CONTEXT = TraceContextTextMapPropagator()  # W3C Trace Context only, no baggage
@@ -94,8 +87,7 @@ def basic_auth_session(login: str | None, password: str | None) -> requests.Sess
 
 
 def mount_single_connection_adapter(session: requests.Session) -> requests.Session:
-    """One kept-alive connection per session and no transport retries: a silent retry of a
-    POST would call selections twice for one claim and hide the failure from ``last_error``."""
+    """One kept-alive connection per session and no transport retries (the outbox retries)."""
     adapter = HTTPAdapter(pool_connections=1, pool_maxsize=1, max_retries=0)
     session.mount("http://", adapter)
     session.mount("https://", adapter)
@@ -103,13 +95,11 @@ def mount_single_connection_adapter(session: requests.Session) -> requests.Sessi
 
 
 class _PooledTransport:
-    """The calls on one ``urllib3.PoolManager`` with a ``requests`` session's settings: a call
-    costs about a third of the CPU of one through ``requests``, and at 16-32 calls in flight
-    the job is CPU-bound long before the service is."""
+    """The calls on one ``urllib3.PoolManager`` with a ``requests`` session's settings (a third
+    of the CPU per call: docs/design/detach.md)."""
 
     def __init__(self, headers: dict[str, str], pool: urllib3.PoolManager) -> None:
-        self.headers = headers
-        self.pool = pool
+        self.headers, self.pool = headers, pool
 
     @classmethod
     def from_session(cls, session: requests.Session, base_url: str) -> _PooledTransport | None:
@@ -176,9 +166,8 @@ class _PooledTransport:
 
 
 class HttpDetachClient:
-    """``POST {base_url}/internal/snapshots/{id}/detach``; ``session_factory`` makes a
-    configured ``requests.Session`` (auth, TLS, headers), one per worker thread when the
-    pooled transport cannot stand in for it."""
+    """``session_factory`` makes a configured ``requests.Session``: one per worker thread when
+    the pooled transport cannot stand in for it."""
 
     def __init__(self, base_url: str, session_factory: Callable[[], requests.Session]) -> None:
         self.base_url = base_url.rstrip("/")
@@ -241,9 +230,8 @@ class HttpDetachClient:
 
 
 class CallWorkers:
-    """The detach calls of one run on ``pool``, one future per row, each through ``gate``;
-    a future's result is the call's :class:`Answer` (read from the answer table once), or
-    None when no call was made."""
+    """The run's calls on ``pool``, each through ``gate``: a future per row, whose result is
+    the call's :class:`Answer`, or None when no call was made."""
 
     def __init__(
         self,
@@ -254,12 +242,8 @@ class CallWorkers:
         max_attempts: int,
         telemetry: Telemetry,
     ) -> None:
-        self.pool = pool
-        self.gate = gate
-        self.client = client
-        self.max_attempts = max_attempts
-        self.telemetry = telemetry
-        self.log = telemetry.log
+        self.pool, self.gate, self.client, self.max_attempts = pool, gate, client, max_attempts
+        self.telemetry, self.log = telemetry, telemetry.log
         self._count_lock = threading.Lock()
         self._submitted = 0  # calls queued on the pool
         self._taken = 0  # of them, picked up by a worker
@@ -276,8 +260,8 @@ class CallWorkers:
             return self._submitted - self._taken
 
     def abandon(self, calls: dict[str, Future]) -> None:
-        """Past the deadline with calls still running (a client that ignored its timeout):
-        record them as timed out; the worker thread is left to finish on its own."""
+        """Past the deadline: record the calls still running as timed out (their threads end
+        on their own) and those never started as not called."""
         for row_id, call in list(calls.items()):
             if call.done():
                 continue
@@ -290,8 +274,7 @@ class CallWorkers:
             calls[row_id] = replacement
 
     def _call(self, row: ClaimedRow, parent: Context) -> Answer | None:
-        """On a worker thread: the call, made once more when the gate says it was lost in
-        transport while the service answered others (the job's own overload, not the row)."""
+        """On a worker thread: the call, made once more when the gate says so."""
         with self._count_lock:
             self._taken += 1
         answer = None
