@@ -56,8 +56,6 @@ class DetachClient(Protocol):
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
     """Seconds asked for by a ``Retry-After`` header (delta-seconds or HTTP-date), or None."""
     text = (value or "").strip()
-    if not text:
-        return None
     try:
         seconds = float(text)
     except ValueError:
