@@ -418,13 +418,7 @@ class _Run:
             stopped=lambda: self.stop.is_set() or self.aborted,
             on_open=self._log_outage_breaker_open,
         )
-        self.calls = CallWorkers(
-            self.pool,
-            gate,
-            self.client,
-            max_attempts=self.config.max_attempts,
-            telemetry=self.telemetry,
-        )
+        self.calls = CallWorkers(self.pool, gate, self.client, self.config, self.telemetry)
         unsettled: deque[_Batch] = deque()
         try:
             batches, stop_reason = self._pipeline(conn, unsettled)
@@ -481,11 +475,8 @@ class _Run:
 
     def _wants_batch(self, unsettled: deque[_Batch]) -> bool:
         """Claim ahead while the queued calls would not keep the limit busy."""
-        if not unsettled:
-            return True
-        if self._pipeline_full(unsettled):
-            return False
-        return self.calls.queued() < 2 * self.gate.limit.slots
+        full = self._pipeline_full(unsettled)
+        return not unsettled or (not full and self.calls.queued() < 2 * self.gate.limit.slots)
 
     def _pipeline_full(self, unsettled: deque[_Batch]) -> bool:
         rows = sum(len(b.rows) for b in unsettled)

@@ -1,9 +1,5 @@
-"""The detach retry (seed 000) job: its id and config keys
-(docs/design.md, "Configuration").
-
-DAG files import this module at parse time, so it imports nothing heavier than the config
-rules themselves (no database driver, no HTTP client).
-"""
+"""The detach job's id and config keys (docs/design.md, "Configuration"); imported by the DAG
+file at parse time, so nothing heavier than the config rules."""
 
 from __future__ import annotations
 
@@ -12,10 +8,7 @@ from dataclasses import dataclass
 from include.pin_maintenance.config import ConfigSpec, JobConfig, Rule, setting
 
 JOB = "news_snapshot_detach_retry"
-# What a run may take past max_run_duration_seconds + detach_call_timeout_seconds:
-# the last batch's outcome transaction, the backlog gauges and the alert flush (bounded to
-# ALERT_FLUSH_SECONDS of it) on a healthy database. docs/design/detach.md, "Run bound".
-RUN_MARGIN_SECONDS = 5.0
+RUN_MARGIN_SECONDS = 5.0  # past the deadline: docs/design/detach.md, "Run bound and margin"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,6 +31,7 @@ from include.pin_maintenance.jobs.snapshot_detach_answers import (
     decide,
     reads_retry_after,
 )
+from include.pin_maintenance.jobs.snapshot_detach_config import DetachConfig
 from include.pin_maintenance.jobs.snapshot_detach_gate import CallGate
 from include.pin_maintenance.telemetry import Telemetry, record_error
 
@@ -236,11 +237,11 @@ class CallWorkers:
         pool: ThreadPoolExecutor,
         gate: CallGate,
         client: DetachClient,
-        *,
-        max_attempts: int,
+        config: DetachConfig,
         telemetry: Telemetry,
     ) -> None:
-        self.pool, self.gate, self.client, self.max_attempts = pool, gate, client, max_attempts
+        self.pool, self.gate, self.client = pool, gate, client
+        self.max_attempts = config.max_attempts
         self.telemetry, self.log = telemetry, telemetry.log
         self._count_lock = threading.Lock()
         self._submitted = 0  # calls queued on the pool
