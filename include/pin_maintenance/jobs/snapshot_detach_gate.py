@@ -63,9 +63,6 @@ class AdaptiveLimit:
         """A call in flight longer than this is stalled (inf until there is a base)."""
         return max(STALL_FACTOR * self.base, STALL_MIN_SECONDS)
 
-    def window_size(self) -> int:
-        return max(WINDOW_MIN_CALLS, WINDOW_ROUNDS * self.slots)
-
     def on_start(self, in_flight: int) -> None:
         """A call started; ``in_flight`` counts it."""
         self._window_peak = max(self._window_peak, in_flight)
@@ -78,7 +75,7 @@ class AdaptiveLimit:
         self._window_sum += latency
         self._window_squares += latency * latency
         self._window_calls += 1
-        if self._window_calls >= self.window_size():
+        if self._window_calls >= max(WINDOW_MIN_CALLS, WINDOW_ROUNDS * self.slots):
             self._close_window(now)
 
     def on_congestion(self, started_epoch: int, now: float) -> bool:
