@@ -1,47 +1,15 @@
 """ActivityRetentionJob (seed 003): delete Inactive sessions past retention, children first.
 
-What is deleted: ``user_activity.sessions`` with ``status = 'Inactive' and ended_at < cutoff``,
-``cutoff = now() - retention_period_days`` on the database server's clock, together with their
-``action_events`` and ``property_object_views``. ``property_object_view_stats`` is never read
-or written (INV-LVS-002: the aggregate outlives the raw views).
-
-One run is
-
-1. :func:`prepare`: takes the config validated by ``CONFIG.resolve`` (which raises
-   ``ConfigError`` before any connection is opened), computes the cutoff and the run deadline
-   ONCE on the server clock and counts the eligible backlog. Its :class:`RunPlan` is a handful
-   of scalars (an XCom in the DAG).
-2. :func:`delete_step` three times, in FK order: ``action_events``, ``property_object_views``,
-   ``sessions``. Each step walks the eligible sessions oldest first in batches of
-   ``batch_size`` ids (keyset on ``(ended_at, id)``, ``FOR UPDATE SKIP LOCKED``), one
-   transaction per batch, with ``runners`` independent batch loops
-   (:class:`~include.pin_maintenance.jobs.activity_retention_walk.KeysetWalk`). The
-   ``sessions`` step deletes only sessions of the batch that have no child rows left, so it
-   never hits the RESTRICT foreign keys, and any subset of committed batches is a safe state:
-   what a bounded, failed or skipped step left stays eligible for the next run (data-driven
-   resume, no checkpoint).
-3. :func:`report`: the seed's result ``{DeletedSessions, ..., HasMore}``, the
-   ``job_completed`` line and the run-level metrics.
-
-Each is one phase of the run's lifecycle (``job_run``): ``prepare`` logs ``job_started``,
-``report`` ``job_completed``. :func:`run` does all of it in one process (tests, the CLI); the
-DAG runs each step as its own task, each taking the advisory lock
-``job:scheduled:activity-retention`` for itself, as a lease of
-``max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS``; the row locks alone already make two
-lock-less runs delete every row exactly once (seed, "Duplicate run").
-
-Every step of a run walks the same ordered prefix of the eligible set (at most
-``max_batches_per_run`` batches, and each later step covers no session past the last one the
-step before it covered), so the sessions step sees exactly the sessions the child steps
-cleaned. The run's time budget is split between the steps (:data:`STEP_DEADLINE_SHARE`); each
-step still runs its first batch, so a run always makes progress. Why the loops, the budget
-split, the stop bound and the lock lease are as they are: docs/design/retention.md.
+:func:`prepare` fixes the run's cutoff and deadline, :func:`delete_step` runs once per table of
+:data:`TABLES` under the job lock, :func:`report` sums the steps; :func:`run` does all three in
+one process (tests, the CLI), the DAG one task each. Design: docs/design/retention.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import sys
 import time
 import uuid
@@ -94,7 +62,6 @@ TABLES: tuple[str, ...] = ("action_events", "property_object_views", "sessions")
 M_LOCK_CONTENTION = "activity_retention_lock_contention_total"
 M_RUN_DURATION = "activity_retention_run_duration_seconds"
 M_ELIGIBLE_BACKLOG = "activity_retention_eligible_backlog"
-# time the loops spent paced, one counter per reason (pacing.paced_metrics)
 M_PACED_PREFIX = "activity_retention_paced"
 
 SPEC = JobSpec(
@@ -122,38 +89,33 @@ class RunPlan:
     deadline_at: datetime
     started_at_unix: float
     eligible_backlog: int
-    config: RetentionConfig  # as prepare resolved it: every task of the run uses the same
+    config: RetentionConfig
     dry_run: bool = False
 
     def to_xcom(self) -> dict[str, Any]:
         """One flat JSON object: the config keys beside the plan's own."""
         data = {**asdict(self.config), **asdict(self)}
         del data["config"]
-        data["cutoff"] = self.cutoff.isoformat()
-        data["deadline_at"] = self.deadline_at.isoformat()
-        return data
+        return data | {
+            "cutoff": self.cutoff.isoformat(),
+            "deadline_at": self.deadline_at.isoformat(),
+        }
 
     @classmethod
     def from_xcom(cls, data: dict[str, Any]) -> RunPlan:
-        """The plan :meth:`to_xcom` wrote. A config key missing from it (a plan from before
-        the key existed) gets its default, except ``runners``: there one loop was the run."""
-        keys = {s.name for s in CONFIG.settings}
-        config = {key: data[key] for key in keys & data.keys()}
-        # a plan written by another version of the code may hold keys this one no longer has
+        """The plan :meth:`to_xcom` wrote, by another version of the code too: a key it lacks
+        gets its default (``runners``: 1, one loop), a key this version lacks is dropped."""
+        config = {"runners": 1} | {s.name: data[s.name] for s in CONFIG.settings if s.name in data}
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        config.setdefault("runners", 1)
-        values["cutoff"] = datetime.fromisoformat(values["cutoff"])
-        values["deadline_at"] = datetime.fromisoformat(values["deadline_at"])
+        for key in ("cutoff", "deadline_at"):
+            values[key] = datetime.fromisoformat(values[key])
         return cls(config=RetentionConfig(**config), **values)
 
 
 @dataclass(frozen=True)
 class RetentionResult:
-    """The seed's result (step 8). ``batches_processed`` counts session batches as the seed
-    defines them (one batch = up to ``batch_size`` sessions with their children): the batches
-    the sessions step committed, the same as the activity_retention_batches_processed counter.
-    ``batches_by_table`` has each delete step's committed batches beside it.
-    """
+    """The seed's result (step 8); ``batches_processed`` counts session batches (the sessions
+    step's), ``batches_by_table`` each step's."""
 
     deleted_sessions: int = 0
     deleted_property_object_views: int = 0
@@ -167,18 +129,14 @@ class RetentionResult:
 
     @classmethod
     def of_steps(cls, steps: tuple[StepResult, ...], *, dry_run: bool) -> RetentionResult:
-        """The run's result: each table's rows from its step, session batches as the seed's."""
-        by_table = {s.table: s for s in steps}
-
-        def step(table: str) -> StepResult:
-            return by_table.get(table, StepResult(table))
-
+        rows = {s.table: s.rows for s in steps}
+        batches = {s.table: s.batches for s in steps}
         return cls(
-            deleted_sessions=step("sessions").rows,
-            deleted_property_object_views=step("property_object_views").rows,
-            deleted_action_events=step("action_events").rows,
-            batches_processed=step("sessions").batches,
-            batches_by_table={s.table: s.batches for s in steps},
+            deleted_sessions=rows.get("sessions", 0),
+            deleted_property_object_views=rows.get("property_object_views", 0),
+            deleted_action_events=rows.get("action_events", 0),
+            batches_processed=batches.get("sessions", 0),
+            batches_by_table=batches,
             has_more=any(s.has_more for s in steps),
             dry_run=dry_run,
             paced_ms=sum(s.paced_ms for s in steps),
@@ -186,41 +144,36 @@ class RetentionResult:
         )
 
     def as_dict(self) -> dict[str, Any]:
+        """The XCom; a dry run's counts are WouldDelete*, its Deleted* stay 0."""
         counts = {
             "Sessions": self.deleted_sessions,
             "PropertyObjectViews": self.deleted_property_object_views,
             "ActionEvents": self.deleted_action_events,
         }
-        # A dry run deletes nothing: its counts are WouldDelete*, the Deleted* keys stay 0
-        # (as the slot job's ExpiredCount / WouldExpireCount)
+        batches = self.batches_by_table
         out: dict[str, Any] = {f"Deleted{k}": 0 if self.dry_run else n for k, n in counts.items()}
-        out.update(
-            {
-                "BatchesProcessed": self.batches_processed,
-                "ActionEventBatches": self.batches_by_table.get("action_events", 0),
-                "PropertyObjectViewBatches": self.batches_by_table.get("property_object_views", 0),
-                "SessionBatches": self.batches_by_table.get("sessions", 0),
-                "HasMore": self.has_more,
-                "DryRun": self.dry_run,
-                "PacedMs": self.paced_ms,
-            }
-        )
+        out |= {
+            "BatchesProcessed": self.batches_processed,
+            "ActionEventBatches": batches.get("action_events", 0),
+            "PropertyObjectViewBatches": batches.get("property_object_views", 0),
+            "SessionBatches": batches.get("sessions", 0),
+            "HasMore": self.has_more,
+            "DryRun": self.dry_run,
+            "PacedMs": self.paced_ms,
+        }
         if self.dry_run:
-            out.update({f"WouldDelete{k}": n for k, n in counts.items()})
+            out |= {f"WouldDelete{k}": n for k, n in counts.items()}
         return out
 
 
 def step_deadline(plan: RunPlan, table: str) -> datetime:
     """When ``table``'s step stops claiming batches (server clock): its share of the run."""
-    share = STEP_DEADLINE_SHARE[table]
-    return plan.deadline_at - timedelta(
-        seconds=(1.0 - share) * plan.config.max_run_duration_seconds
-    )
+    unused = (1.0 - STEP_DEADLINE_SHARE[table]) * plan.config.max_run_duration_seconds
+    return plan.deadline_at - timedelta(seconds=unused)
 
 
 def lock_lease_seconds(plan: RunPlan) -> float:
-    """The advisory lock's lease: a step holds it at most its share of the run plus one batch
-    in hand (<= 2 statements of statement_timeout) and the stop grace, all inside the margin."""
+    """The advisory lock's lease: a step's share, one batch in hand and the stop grace fit."""
     return plan.config.max_run_duration_seconds + LOCK_TTL_MARGIN_SECONDS
 
 
@@ -230,10 +183,6 @@ def _runner_count(plan: RunPlan) -> int:
         return 1  # counts only: one reader is enough
     batches = max(1, -(-plan.eligible_backlog // plan.config.batch_size))
     return max(1, min(plan.config.runners, batches, plan.config.max_batches_per_run))
-
-
-# --------------------------------------------------------------------------------------------
-# prepare
 
 
 def prepare(
@@ -246,8 +195,7 @@ def prepare(
 ) -> RunPlan:
     """Fix the run's cutoff and deadline on the server clock and measure the backlog.
 
-    ``config`` must come from ``CONFIG.resolve`` (validated). Reads only, takes no lock: the
-    delete steps take it, each for itself, because each runs in its own task process.
+    ``config`` comes from ``CONFIG.resolve``. Takes no lock: each delete step takes its own.
     """
     with job_run(SPEC, telemetry, "prepare") as run:
         # for all three delete steps: a role without DELETE on sessions must not delete events
@@ -267,14 +215,7 @@ def prepare(
             conn.rollback()
         finally:
             conn.close()
-        plan = RunPlan(
-            cutoff=cutoff,
-            deadline_at=deadline_at,
-            started_at_unix=wall_clock(),
-            eligible_backlog=int(backlog),
-            config=config,
-            dry_run=bool(dry_run),
-        )
+        plan = RunPlan(cutoff, deadline_at, wall_clock(), int(backlog), config, bool(dry_run))
         telemetry.metrics.gauge(M_ELIGIBLE_BACKLOG, plan.eligible_backlog)
         run.started(
             cutoff=plan.cutoff.isoformat(),
@@ -290,10 +231,6 @@ def prepare(
         return plan
 
 
-# --------------------------------------------------------------------------------------------
-# one delete step
-
-
 def delete_step(
     connect: Connect,
     plan: RunPlan,
@@ -306,24 +243,10 @@ def delete_step(
 ) -> StepResult:
     """Delete ``table``'s rows of the eligible sessions, batch by batch, under the job lock.
 
-    ``after`` is the result of the step before this one in the run (None for the first): this
-    step covers no session past the last one that step covered, so a step bounded by its
-    budget leaves the later steps exactly the sessions it cleared. The step stops claiming at
-    its share of the run's window (:data:`STEP_DEADLINE_SHARE`) and after
-    ``max_batches_per_run`` batches claimed by all its loops together.
-
-    Busy lock: ``job_skipped`` (reason ``lock_busy``, with the table) and a no-op result with
-    ``lock_skipped`` (the task succeeds; the rows stay eligible for the next run);
-    :func:`report` counts the busy run once in ``activity_retention_lock_contention_total``.
-    ``lock_name=None`` runs without the advisory lock: only the tests of the SKIP LOCKED
-    isolation use that.
-
-    A failing batch rolls back (batches other loops committed stay committed), is logged with
-    its ids and alerted as ``retention_batch_failed``, and the step raises
-    :class:`BatchFailed`. Any other exception in any loop (``AirflowTaskTimeout`` included)
-    cancels every loop's statement in flight, rolls back every batch not committed and is
-    re-raised as is. A stop request ends the step between batches and raises
-    :class:`JobCancelled`.
+    ``after`` is the run's previous step (None for the first): this step covers no session past
+    the last one it covered. A busy lock logs ``job_skipped`` and returns a ``lock_skipped``
+    no-op; ``lock_name=None`` (isolation tests only) takes no lock. A failed batch raises
+    :class:`BatchFailed`, a stop :class:`JobCancelled` (docs/design/retention.md).
     """
     if table not in TABLES:
         raise ValueError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
@@ -348,25 +271,23 @@ def _delete_step(
     if until == KEY_START:  # the step before covered nothing (its lock was busy)
         run.log.info("step_skipped", table=table, reason="the step before covered nothing")
         return StepResult(table=table, stop_reason=StopReason.MAX_BATCHES.value)
-    # The loops' connections are opened before the lock is taken: opening one may need a
-    # server connection of a pooler for a moment, and the lock's transaction pins one for the
-    # whole step (with a pool of one, the opening would wait for the pooler's timeout).
+    # Opened before the lock: opening may need a pooler's server connection for a moment, and
+    # the lock's transaction pins one for the whole step.
     conns = _open_loops(connect, plan, run.telemetry, table)
+    walk = functools.partial(
+        _walk, run, conns, plan, table, stop, until=until, bounded_by=bounded_by
+    )
     try:
         if plan.dry_run or lock_name is None:
-            return _walk(run, conns, plan, table, stop, until=until, bounded_by=bounded_by)
-        with advisory_lock(connect, lock_name, lock_lease_seconds(plan)) as held:
-            if not held:
-                # report counts the contention once per run, however many tasks found it busy
+            return walk()
+        lease = lock_lease_seconds(plan)
+        with advisory_lock(connect, lock_name, lease) as held:
+            if not held:  # report counts the contention, once per run
                 run.skipped_lock_busy(
-                    connect,
-                    lock_name,
-                    lock_lease_seconds(plan),
-                    count_contention=False,
-                    table=table,
+                    connect, lock_name, lease, count_contention=False, table=table
                 )
                 return StepResult(table=table, lock_skipped=True)
-            return _walk(run, conns, plan, table, stop, until=until, bounded_by=bounded_by, held=1)
+            return walk(held=1)
     finally:
         for conn in conns:
             with contextlib.suppress(Exception):
@@ -399,9 +320,7 @@ def _walk(
     bounded_by: str,
     held: int = 0,
 ) -> StepResult:
-    # Fail fast, before any batch, when a pooler cannot give every loop a server connection
-    # while the lock holds one (docs/deploying.md, "Behind a pooler"): the loops would
-    # otherwise wait in the pooler's queue until its query_wait_timeout.
+    # fail fast when a pooler cannot serve every loop beside the lock (docs/deploying.md)
     require_server_connections(
         conns, job=JOB, held=held, what=f"{held} lock + {len(conns)} batch loops"
     )
@@ -411,8 +330,7 @@ def _walk(
         .fetchone()[0]
     )
     conns[0].rollback()
-    # The first batch always runs, so a step whose earlier tasks used up their share still
-    # makes progress; later batches stop at the step's deadline.
+    # the first batch always runs: a step whose earlier tasks used up its share still progresses
     deadline = Deadline(max(float(remaining), 0.0))
     walk = KeysetWalk(
         plan, table, run.telemetry, stop, deadline=deadline, until=until, bounded_by=bounded_by
@@ -443,10 +361,8 @@ def _walk(
 def _pacer(
     plan: RunPlan, table: str, run: JobRun, conns: list[psycopg.Connection], deadline: Deadline
 ) -> Pacer | None:
-    """The step's pacing (docs/design.md, "Pacing"), started by its batch loops;
-    a dry run only reads and is not paced. The child steps' batches are sized while others use
-    the database; the sessions step's stay whole: a session batch is the seed's unit
-    (``BatchesProcessed``), and its statements write little WAL."""
+    """The step's pacing (docs/design.md, "Pacing"); a dry run only reads. The sessions step's
+    batches stay whole (the seed's unit), the child steps' are sized to the load."""
     if plan.dry_run or not plan.config.paced:
         return None
     pacer = Pacer(
@@ -460,10 +376,6 @@ def _pacer(
     return pacer
 
 
-# --------------------------------------------------------------------------------------------
-# report and the whole run
-
-
 def report(
     plan: RunPlan,
     steps: Sequence[StepResult],
@@ -471,62 +383,35 @@ def report(
     *,
     wall_clock: Callable[[], float] = time.time,
 ) -> RetentionResult:
-    """Sum the steps into the seed's result; complete the run (``job_completed``, its metrics).
+    """Sum the steps into the seed's result; log ``job_completed`` and the run's metrics.
 
-    The run duration is measured on worker wall clocks (``prepare``'s start to now): in the DAG
-    the tasks may run on different workers, whose clock skew is small next to a run.
+    The duration runs from ``prepare``'s start on worker wall clocks (tasks may run on
+    different workers; their skew is small next to a run).
     """
     with job_run(SPEC, telemetry, "report", wall_clock=wall_clock) as run:
         result = RetentionResult.of_steps(tuple(steps), dry_run=plan.dry_run)
         duration = max(wall_clock() - plan.started_at_unix, 0.0)
         lock_busy = any(s.lock_skipped for s in steps)
-        if lock_busy:
-            # one busy run counts once (the alert rule thinks in nightly runs, not delete
-            # tasks), and records no duration: a skip is no run and would dilute the near-max
-            # rule
+        if lock_busy:  # once per run, and no duration: a skip is no run
             telemetry.metrics.incr(M_LOCK_CONTENTION)
-        _complete(run, plan, result, duration, lock_busy=lock_busy)
+        out = result.as_dict()
+        run.completed(
+            out,
+            duration_seconds=None if lock_busy else duration,
+            deleted_sessions=out["DeletedSessions"],
+            deleted_property_object_views=out["DeletedPropertyObjectViews"],
+            deleted_action_events=out["DeletedActionEvents"],
+            would_delete_sessions=out.get("WouldDeleteSessions"),
+            would_delete_property_object_views=out.get("WouldDeletePropertyObjectViews"),
+            would_delete_action_events=out.get("WouldDeleteActionEvents"),
+            batches_processed=result.batches_processed,
+            has_more=result.has_more,
+            dry_run=result.dry_run,
+            lock_skipped_steps=",".join(s.table for s in steps if s.lock_skipped) or "none",
+            eligible_backlog=plan.eligible_backlog,
+            duration_ms=round(duration * 1000),
+        )
         return result
-
-
-def _complete(
-    run: JobRun, plan: RunPlan, result: RetentionResult, duration: float, *, lock_busy: bool
-) -> None:
-    # the result's keys in snake_case (docs/design.md, "Log vocabulary"); a dry run reports
-    # would_delete_* and its deleted_* stay 0, as in the result
-    skipped = ",".join(s.table for s in result.steps if s.lock_skipped) or "none"
-    run_duration = None if lock_busy else duration
-    if result.dry_run:
-        run.completed(
-            result.as_dict(),
-            duration_seconds=run_duration,
-            deleted_sessions=0,
-            deleted_property_object_views=0,
-            deleted_action_events=0,
-            would_delete_sessions=result.deleted_sessions,
-            would_delete_property_object_views=result.deleted_property_object_views,
-            would_delete_action_events=result.deleted_action_events,
-            batches_processed=result.batches_processed,
-            has_more=result.has_more,
-            dry_run=True,
-            lock_skipped_steps=skipped,
-            eligible_backlog=plan.eligible_backlog,
-            duration_ms=round(duration * 1000),
-        )
-    else:
-        run.completed(
-            result.as_dict(),
-            duration_seconds=run_duration,
-            deleted_sessions=result.deleted_sessions,
-            deleted_property_object_views=result.deleted_property_object_views,
-            deleted_action_events=result.deleted_action_events,
-            batches_processed=result.batches_processed,
-            has_more=result.has_more,
-            dry_run=False,
-            lock_skipped_steps=skipped,
-            eligible_backlog=plan.eligible_backlog,
-            duration_ms=round(duration * 1000),
-        )
 
 
 def run(
@@ -537,21 +422,15 @@ def run(
     *,
     dry_run: bool = False,
 ) -> RetentionResult:
-    """One whole run in one process: prepare, the three delete steps in FK order (each under
-    the job's lock, as in the DAG, and each covering what the one before it covered), report."""
+    """One whole run in one process: prepare, the three delete steps in FK order (each taking
+    the lock for itself, as the DAG's tasks do), report."""
     with telemetry.run_span(f"{JOB} run"):
         plan = prepare(connect, config, telemetry, dry_run=dry_run)
-        # Each step takes the lock for itself, as the DAG's tasks do (one lock connection per
-        # step, never one held across steps while another step opens connections).
         steps: list[StepResult] = []
         for table in TABLES:
             after = steps[-1] if steps else None
             steps.append(delete_step(connect, plan, table, telemetry, stop, after=after))
         return report(plan, steps, telemetry)
-
-
-# --------------------------------------------------------------------------------------------
-# command line: the job without Airflow (python -m include.pin_maintenance.jobs.activity_retention)
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

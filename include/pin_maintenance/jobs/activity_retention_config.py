@@ -1,8 +1,5 @@
-"""The activity retention (seed 003) job: its id, config keys and how long each delete task
-may take with them (docs/design.md, "Configuration").
-
-DAG files import this module at parse time, so it imports nothing heavier than the config
-rules themselves (no database driver, no HTTP client).
+"""The activity retention (seed 003) job's id, config keys and bounds (docs/design.md,
+"Configuration"). DAG files import it at parse time: no database driver, no HTTP client.
 """
 
 from __future__ import annotations
@@ -14,24 +11,14 @@ from include.pin_maintenance.pacing_config import PacingConfig
 
 JOB = "user_activity_retention"
 
-# The run's budget split between the delete steps, as the point of the run's window (from
-# prepare to deadline_at) where each step stops claiming. Each later step covers only the
-# sessions the step before it covered, so the later steps get more of the window to finish what
-# the first one cleared; the measurements behind 20 / 50 %: docs/design/retention.md. Only a
-# backlog larger than the time budget meets this split.
+# Where in the run's window each delete step stops claiming (docs/design/retention.md).
 STEP_DEADLINE_SHARE = {"action_events": 0.2, "property_object_views": 0.5, "sessions": 1.0}
 
 # A batch's statements touch up to batch_size sessions and all their children (RI triggers
 # included): more than the 30 s default, still far below the lock lease margin.
 STATEMENT_TIMEOUT_SECONDS = 120
-# After any exception in a batch loop: a cancel request per loop (psycopg's cancel_safe waits
-# at most this long for each; they are sent one after the other), then each loop rolls back
-# and closes its connection.
-CANCEL_TIMEOUT_SECONDS = 5.0
-# The bounded join of the loops (run_lanes' grace): past the step's deadline the batches in
-# hand may still run their two statements (claim + delete, each <= statement_timeout); after a
-# cancel, loops stop within one cancel round trip. A loop still running after this is reported
-# (LanesDidNotStop) instead of waited for.
+CANCEL_TIMEOUT_SECONDS = 5.0  # each loop's cancel_safe after an exception (psycopg: 30 s)
+# the loops' bounded join: a batch in hand (claim + delete) and a cancel round trip
 STOP_GRACE_SECONDS = 2 * STATEMENT_TIMEOUT_SECONDS + 2 * CANCEL_TIMEOUT_SECONDS
 
 
@@ -82,9 +69,8 @@ class RetentionConfig(PacingConfig):
 
 
 def worst_case_step_seconds(config: RetentionConfig, table: str) -> float:
-    """How long the delete task of ``table`` may take at most with ``config``: the run's
-    window starts at prepare, before the task, and the task claims batches until its share of
-    it (:data:`STEP_DEADLINE_SHARE`); its loops then stop within :data:`STOP_GRACE_SECONDS`."""
+    """How long the delete task of ``table`` may take at most: its share of the run's window
+    (which starts at prepare), then :data:`STOP_GRACE_SECONDS` for its loops to stop."""
     return STEP_DEADLINE_SHARE[table] * config.max_run_duration_seconds + STOP_GRACE_SECONDS
 
 

@@ -1,13 +1,6 @@
-"""One delete step's keyset walk over the eligible sessions, shared by independent batch loops.
-
-Each loop (a lane of :func:`~include.pin_maintenance.parallel.run_batch_loops`, one
-connection each) repeats one batch: claim the next sessions, delete its table's rows of them,
-commit. Only the claim is serialised (the walk's claim lock, held for one ``FOR UPDATE SKIP
-LOCKED`` range read while the shared keyset position moves on); no loop ever waits for another
-with a transaction open, and commits are not ordered: any subset of committed batches is safe
-because every batch is atomic and the sessions step deletes only childless sessions. Any
-exception in any loop aborts the walk (no batch commits after it) and cancels every loop's
-statement in flight; docs/design/retention.md says why and what bounds the stop.
+"""One delete step's keyset walk over the eligible sessions, shared by independent batch loops
+(each a lane of :func:`~include.pin_maintenance.parallel.run_batch_loops`); only the claim is
+serialised. Why, and what bounds the stop: docs/design/retention.md.
 """
 
 from __future__ import annotations
@@ -60,22 +53,19 @@ DELETED_METRIC = {
     "sessions": "activity_retention_deleted_sessions",
 }
 
-# Keyset start and end: before / after every possible (ended_at, id).
+# before / after every possible (ended_at, id)
 KEY_START = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
 KEY_END = (datetime(9999, 12, 31, tzinfo=UTC), uuid.UUID(int=(1 << 128) - 1))
-
-
-# A failed batch's log and alert carry its first/last id, its count and up to this many ids.
+# a failed batch's log and alert carry its first/last id, its count and up to this many ids
 FAILED_BATCH_SAMPLE_IDS = 20
 
 
 @dataclass(frozen=True)
 class ClaimedBatch:
-    """One claimed batch as the claim returns it: the ids stay a ``uuid[]`` literal that goes
-    back to the server as is (the client never parses 5000 uuids), plus what the logs need."""
+    """One claimed batch; its ids stay the ``uuid[]`` literal the server sent (never parsed)."""
 
     index: int
-    ids: str  # '{...}': the sessions' ids, oldest first
+    ids: str
     count: int
     first: uuid.UUID
     last: uuid.UUID
@@ -99,11 +89,10 @@ class StepResult:
     stop_reason: str = StopReason.DRAINED.value
     lock_skipped: bool = False
     dry_run: bool = False
-    # the keyset position the step reached (the last claimed session): the later steps of the
-    # run cover no session past it; None = no batch claimed
+    # the last claimed session (None: none): the run's later steps cover no session past it
     last_ended_at: str | None = None
     last_id: str | None = None
-    paced_ms: int = 0  # time its loops spent paced (no loop running a batch)
+    paced_ms: int = 0
 
     def covered(self) -> tuple[datetime, uuid.UUID] | None:
         """The last (ended_at, id) this step covered, or None when it covered everything."""
@@ -131,17 +120,12 @@ class StepResult:
 class BatchFailed(RuntimeError):
     """A batch failed and was rolled back; earlier batches of the step stay committed."""
 
-    # the task fails with this after it sent retention_batch_failed (with the batch's ids):
-    # the task_failed alert names that event, so the two page once (ops/README.md)
-    alert_event = "retention_batch_failed"
+    alert_event = "retention_batch_failed"  # the task_failed alert that follows names it
 
 
 class KeysetWalk:
-    """The shared keyset position of one step and the batch every loop of the step repeats.
-
-    ``until`` is the last key the step before this one covered (None: no bound); reaching it
-    ends the walk with that step's ``bounded_by`` reason, so the run reports HasMore.
-    """
+    """One step's shared keyset position and the batch every loop repeats. ``until``: the last
+    key the step before covered (None: no bound); reaching it ends the walk as ``bounded_by``."""
 
     def __init__(
         self,
@@ -162,21 +146,20 @@ class KeysetWalk:
         self._count_lock = threading.Lock()  # the totals
         self._aborted = threading.Event()  # a loop failed: nothing more commits
         self._lanes: set[int] = set()  # lanes whose cancel hooks are set
-        self._parent = otel_context.get_current()  # side lanes' batch spans join the step's
+        self._parent = otel_context.get_current()
         self.after_ended_at, self.after_id = KEY_START
         self.claimed = 0  # batches claimed: the next batch's index
         self.batches = 0  # batches committed (or counted, in a dry run)
         self.rows = 0
         self.stop_reason = StopReason.DRAINED
-        self._end: StopReason | None = None  # set once the walk reached the end of its range
+        self._end: StopReason | None = None  # the end of the range, once reached
         self._select = sql.load(
             "retention/peek_session_batch" if plan.dry_run else "retention/claim_session_batch"
         )
         self._act = sql.load(_COUNT_SQL[table] if plan.dry_run else _DELETE_SQL[table])
 
     def run(self, conns: Sequence[psycopg.Connection], pacer: Pacer | None = None) -> StepResult:
-        """Walk with one batch loop per connection, paced between batches by ``pacer`` (lane
-        ``i`` probes on ``conns[i]``); the step's result once every loop stopped."""
+        """Walk with one batch loop per connection; the step's result once every loop stopped."""
         loops = run_batch_loops(
             [functools.partial(self.batch, conn) for conn in conns],
             stop=self.stop,
@@ -198,8 +181,7 @@ class KeysetWalk:
         )
 
     def _reason(self, loops: StopReason) -> StopReason:
-        """Why the step ended. The end of the range wins: loops that came back for more after
-        it met a bound or a stop with nothing left to claim."""
+        """Why the step ended; the end of the range wins over what the loops met after it."""
         if self._end is not None:
             return self._end
         if self.stop.is_set():  # the run's stop (SIGTERM)
@@ -213,15 +195,12 @@ class KeysetWalk:
 
     def batch(self, conn: psycopg.Connection, lane: Lane, size: int | None) -> bool:
         """Claim, delete and commit one batch of ``size`` sessions (None: batch_size) on the
-        lane's own ``conn``; True when it was full. The lane's first batch sets up its cancel
-        hooks and trace context."""
+        lane's ``conn``; True when it was full."""
         if lane.index not in self._lanes:
             self._lanes.add(lane.index)
             if lane.index:
                 otel_context.attach(self._parent)  # this thread's own context, gone with it
             lane.on_cancel(self.abort)  # first: a batch not committed now rolls back
-            # interrupts this loop's statement in flight (a cancel that cannot get through
-            # gives up after CANCEL_TIMEOUT_SECONDS instead of psycopg's default 30 s)
             lane.on_cancel(functools.partial(conn.cancel_safe, timeout=CANCEL_TIMEOUT_SECONDS))
         size = size or self.plan.config.batch_size
         try:
@@ -237,13 +216,9 @@ class KeysetWalk:
             raise
 
     def _claim(self, lane: Lane, conn: psycopg.Connection, size: int) -> ClaimedBatch | None:
-        """The next batch of at most ``size`` sessions (row-locked in ``conn``'s open
-        transaction), or None when the end of the range, a stop or a failure says so."""
-        # A plain blocking wait: the holder runs one claim statement, which statement_timeout
-        # bounds and the crew's stop cancels (cancel_safe); `with` lets go on any exception,
-        # a signal's included. A timed wait would only add a lock leaked between a timed
-        # acquire and its try block when SIGALRM lands there.
-        with self._claim_lock:
+        """The next batch of at most ``size`` sessions, row-locked in ``conn``'s transaction;
+        None at the end of the range, a stop or a failure."""
+        with self._claim_lock:  # untimed: see docs/design/retention.md
             if self._claiming_ended(lane):
                 return None
             index = self.claimed
@@ -270,12 +245,11 @@ class KeysetWalk:
             self.claimed += 1
             self.after_ended_at, self.after_id = last_ended_at, last_id
             if count < size:
-                self._reached_end()  # a short batch: nothing more in this step's range
+                self._reached_end()  # a short batch
             return ClaimedBatch(index, ids, count, first, last_id)
 
     def _claiming_ended(self, lane: Lane) -> bool:
-        # The loop checked the stop and the deadline before this lane waited for the claim
-        # lock; a sibling may have ended the range, failed or met the deadline meanwhile.
+        # rechecked under the claim lock: a sibling may have ended, failed or timed out meanwhile
         return (
             self._end is not None
             or self._aborted.is_set()
@@ -284,30 +258,36 @@ class KeysetWalk:
         )
 
     def _reached_end(self) -> None:
-        # the end of the range an earlier, bounded step covered: this step is bounded by the
-        # same bound (HasMore), not drained
+        # the end of what a bounded earlier step covered: the same bound (HasMore), not drained
         bounded = self.until_ended_at != KEY_END[0]
         self._end = self._bounded_by if bounded else StopReason.DRAINED
 
     def _act_on(self, conn: psycopg.Connection, batch: ClaimedBatch, span: Span) -> None:
+        done = False
         try:
             cur = conn.execute(self._act, {"session_ids": batch.ids, "cutoff": self.plan.cutoff})
             affected = cur.fetchone()[0] if self.plan.dry_run else cur.rowcount
-            if self._aborted.is_set():  # a sibling failed: this batch must not commit
-                conn.rollback()
-                self._rolled_back(span, batch)
-                return
-            if self.plan.dry_run:
-                conn.rollback()
-            else:
-                conn.commit()
+            if not self._aborted.is_set():  # else a sibling failed: this batch must not commit
+                (conn.rollback if self.plan.dry_run else conn.commit)()
+                done = True
         except psycopg.Error as exc:
-            if self._aborted.is_set():  # cancelled on the server because a sibling failed
-                with contextlib.suppress(psycopg.Error):
-                    conn.rollback()
-                self._rolled_back(span, batch)
-                return
-            self._fail(conn, batch.index, batch, exc)
+            if not self._aborted.is_set():  # else cancelled because a sibling failed
+                self._fail(conn, batch.index, batch, exc)
+        if not done:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
+            self.telemetry.log.warning(
+                "batch_rolled_back",
+                table=self.table,
+                batch_index=batch.index,
+                reason="another batch loop failed",
+                batch_ids=json.dumps(batch.log_ids()),
+            )
+            if span.is_recording():
+                span.set_attributes(
+                    {"pin.batch.sessions": batch.count, "pin.batch.outcome": "rolled_back"}
+                )
+            return
         with self._count_lock:
             self.rows += affected
             self.batches += 1
@@ -333,30 +313,14 @@ class KeysetWalk:
                 }
             )
 
-    def _rolled_back(self, span: Span, batch: ClaimedBatch) -> None:
-        self.telemetry.log.warning(
-            "batch_rolled_back",
-            table=self.table,
-            batch_index=batch.index,
-            reason="another batch loop failed",
-            batch_ids=json.dumps(batch.log_ids()),
-        )
-        if span.is_recording():
-            span.set_attributes(
-                {"pin.batch.sessions": batch.count, "pin.batch.outcome": "rolled_back"}
-            )
-
     def _fail(
         self, conn: psycopg.Connection, index: int, batch: ClaimedBatch | None, exc: psycopg.Error
     ) -> None:
-        self.abort()  # before anything else: no sibling commits after this
-        # If the connection is gone, the server has rolled the batch back already.
+        self.abort()  # first: no sibling commits after this
         with contextlib.suppress(psycopg.Error):
             conn.rollback()
         batch_ids: dict[str, Any] = batch.log_ids() if batch is not None else {}
-        # the alert carries class + SQLSTATE only (a trigger's RAISE text may hold row values);
-        # the task log keeps the server's first line for whoever debugs it
-        error = error_code(exc)
+        error = error_code(exc)  # the alert's: no server text (it may hold row values)
         self.telemetry.log.error(
             "batch_failed",
             table=self.table,
@@ -385,16 +349,15 @@ class KeysetWalk:
 
 
 def _sample_ids(literal: str, limit: int = FAILED_BATCH_SAMPLE_IDS) -> list[str]:
-    """The first ``limit`` ids of a ``uuid[]`` literal '{a,b,...}' (without parsing them all)."""
+    """The first ``limit`` ids of a ``uuid[]`` literal '{a,b,...}'."""
     if len(literal) <= 2:
         return []
     return literal[1:-1].split(",", limit)[:limit]
 
 
 def _end_interrupted(conn: psycopg.Connection) -> None:
-    """After an exception that psycopg did not handle (AirflowTaskTimeout, a bug): cancel a
-    statement still running on the server, then close, which ends the batch's transaction
-    (rolled back) at once. psycopg itself cancels only on KeyboardInterrupt/SystemExit."""
+    """After an exception psycopg did not handle (AirflowTaskTimeout, a bug): cancel the
+    statement still running on the server, then close (the batch rolls back)."""
     with contextlib.suppress(Exception):
         if conn.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
             conn.cancel_safe(timeout=CANCEL_TIMEOUT_SECONDS)
