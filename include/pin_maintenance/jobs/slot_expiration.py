@@ -1,40 +1,8 @@
 """SlotExpirationJob (seed 002): Available slots whose start has passed become Expired.
 
-One cycle fixes ``AsOf`` once, then takes batches of the oldest due slots
-(``status = 'Available' and start_at <= AsOf``) under ``FOR UPDATE SKIP LOCKED`` and moves each
-batch to ``Expired`` (``updated_at = AsOf``, ``version + 1``) in one statement and one
-transaction. It keeps going while batches come back full and ``max_run_duration_seconds``
-allows; whatever is left waits for the next cycle. There is no global lock: parallel runners
-(and in-flight bookings) are kept apart by the row locks alone, so every slot is expired by
-exactly one of them. Booked, Expired, Archived and future slots never match the predicate, so a
-second pass is a no-op (idempotent by state, no checkpoint).
-
-A cycle is itself up to ``runners`` such parallel batch loops: when its first batch comes back
-full (a backlog), it starts the others, each on its own connection, and they share the backlog
-through SKIP LOCKED. Each loop walks the index from the largest ``start_at`` it locked so far
-(its keyset position), so a long backlog does not rescan what the cycle already expired.
-
-Failures:
-
-* A poison row (a trigger, a constraint or a bad value fails the statement for one slot): the
-  batch is retried in a fresh transaction that locks the same selection and bisects it under
-  savepoints. The good rows commit together; each poison slot is logged at ERROR with its id,
-  counted in ``calendar_slot_expiration_errors_total``, alerted
-  (``slot_expiration_poison_row``) and excluded for the rest of the cycle; the next cycle tries
-  it again (the batch itself: :mod:`include.pin_maintenance.jobs.slot_expiration_batch`).
-* A database failure (connection lost, statement or lock timeout, server shutdown, a read-only
-  database during a failover: :func:`db.is_row_error`) rolls the batch back and fails the run
-  at once; the other loops' statements in flight are cancelled and their batches roll back
-  whole. The next cycle retries the same, still Available, rows.
-* Cancellation (SIGTERM) is checked between batches: the batch in hand commits or rolls back as
-  a whole and its row locks go with the transaction.
-
-Run it without Airflow::
-
-    python -m include.pin_maintenance.jobs.slot_expiration --db-url postgresql://u@h/db [--dry-run]
-
-The password comes from ``PGPASSWORD``, ``~/.pgpass`` / ``PGPASSFILE``, a service in
-``.pg_service.conf`` or ``--db-password-env VAR``; a password in ``--db-url`` is refused.
+One cycle fixes ``AsOf``, then expires the oldest due slots in ``FOR UPDATE SKIP LOCKED``
+batches, one transaction each, on up to ``runners`` loops in drain mode; no global lock. Design:
+docs/design/pooler-and-slots.md; one batch and its poison isolation: ``slot_expiration_batch``.
 """
 
 from __future__ import annotations
@@ -81,10 +49,8 @@ from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_ba
 from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry
 
-# A batch commit need not wait for the WAL flush: a commit lost in a server crash only leaves its
-# slots Available, and the next cycle expires them (nothing downstream saw the transition; the
-# seed publishes no events). Saves a WAL flush per batch. Like the timeouts it is set in each
-# transaction (db.configured), so it never reaches another client of a pooled server connection.
+# A commit lost in a crash only leaves its slots Available for the next cycle (the seed
+# publishes no events): no WAL flush per batch. Set per transaction, like the timeouts.
 SESSION = SessionSettings(
     statement_timeout_ms=STATEMENT_TIMEOUT_SECONDS * 1000,
     lock_timeout_ms=5_000,
@@ -92,14 +58,12 @@ SESSION = SessionSettings(
     synchronous_commit="off",
 )
 
-# Metric names are a contract (BRIEF / seed "Наблюдаемость"); do not rename. M_ERRORS lives
-# with the batch, which counts the poison slots.
+# Metric names are a contract; do not rename. M_ERRORS lives with the batch.
 M_CYCLE_DURATION = "calendar_slot_expiration_cycle_duration_seconds"
 M_ITEMS = "calendar_slot_expiration_items_total"
 M_BACKLOG = "calendar_slot_expiration_backlog"
 M_SKIP_LOCKED = "calendar_slot_expiration_skip_locked_total"
 M_LAST_SUCCESS = "calendar_slot_expiration_last_success_timestamp_seconds"
-# time the loops spent paced, one counter per reason (pacing.paced_metrics)
 M_PACED_PREFIX = "calendar_slot_expiration_paced"
 
 SPEC = JobSpec(
@@ -166,12 +130,10 @@ def run(
 ) -> ExpirationResult:
     """Run one expiration cycle; return the seed's result.
 
-    ``config`` is ``CONFIG.resolve(...)``, or a mapping of keys that this resolves (a partial
-    one gets the defaults, a test's or a caller's: an unchecked value never runs).
-    ``now`` is the wall clock (AsOf, backlog), ``clock`` the monotonic clock of the duration
-    bound. Raises :class:`ConfigError` before touching the database when ``config`` is invalid,
-    :class:`JobCancelled` after a clean stop between batches, and the database error after
-    rolling back the batch in hand when the database fails.
+    ``config`` is ``CONFIG.resolve(...)`` or a mapping this resolves (a bad one raises
+    :class:`ConfigError` before any connection). ``now`` gives AsOf and the backlog, ``clock``
+    the duration bound. A stop between batches raises :class:`JobCancelled`; a database error
+    is raised after the batch in hand rolled back.
     """
     if not isinstance(config, SlotConfig):
         config = CONFIG.resolve(config, variable_source="config")
@@ -189,18 +151,19 @@ def run(
             privileges.require(connect, JOB, telemetry)  # before any write
             with contextlib.closing(_open(connect)) as conn:
                 if dry_run:
-                    return _dry_run(conn, cycle, job, started=started, clock=clock, now=now)
-                loops = BatchLoops(
-                    connect,
-                    cycle,
-                    telemetry,
-                    stop,
-                    deadline=Deadline(config.max_run_duration_seconds, clock=clock),
-                    runners=config.runners,
-                    max_batches=config.max_batches_per_cycle,
-                    pacing=config,
-                )
-                result = _expire(conn, loops, started=started, clock=clock, now=now)
+                    result = _dry_run(conn, cycle, started=started, clock=clock, now=now)
+                else:
+                    loops = BatchLoops(
+                        connect,
+                        cycle,
+                        telemetry,
+                        stop,
+                        deadline=Deadline(config.max_run_duration_seconds, clock=clock),
+                        runners=config.runners,
+                        max_batches=config.max_batches_per_cycle,
+                        pacing=config,
+                    )
+                    result = _expire(conn, loops, started=started, clock=clock, now=now)
         except BaseException as exc:  # the batch in hand rolled back; job_run logs job_failed
             if isinstance(exc, psycopg.Error):
                 telemetry.metrics.incr(M_ERRORS)
@@ -244,15 +207,18 @@ def _expire(
 
 
 def _completed(job: JobRun, result: ExpirationResult) -> None:
-    """Metrics and the ``job_completed`` line of a cycle that ran. A cancelled cycle reports
-    its committed batches too, but is no success."""
-    job.metrics.incr(M_ITEMS, result.expired_count)
-    job.metrics.incr(M_SKIP_LOCKED, result.skipped_locked_count)
-    job.metrics.gauge(M_BACKLOG, result.backlog)
+    """Metrics and ``job_completed``. A dry run is no cycle (no metrics, duration or last
+    success); a cancelled cycle reports its committed batches but is no success."""
+    if not result.dry_run:
+        job.metrics.incr(M_ITEMS, result.expired_count)
+        job.metrics.incr(M_SKIP_LOCKED, result.skipped_locked_count)
+        job.metrics.gauge(M_BACKLOG, result.backlog)
     job.completed(
         result.as_dict(),
-        duration_seconds=result.duration_ms / 1000,
-        success=result.stop_reason != StopReason.CANCELLED,
+        duration_seconds=None if result.dry_run else result.duration_ms / 1000,
+        success=not result.dry_run and result.stop_reason != StopReason.CANCELLED,
+        dry_run=result.dry_run,
+        would_expire_count=result.would_expire_count,
         expired_count=result.expired_count,
         duration_ms=result.duration_ms,
         skipped_locked_count=result.skipped_locked_count,
@@ -266,13 +232,9 @@ def _completed(job: JobRun, result: ExpirationResult) -> None:
 
 
 class BatchLoops:
-    """The cycle's batch loops: the first batch alone on the caller's connection; when it comes
-    back full, :func:`parallel.run_batch_loops` goes on with it as lane 0 and, when
-    ``max_batches_per_cycle`` allows more than one batch, up to ``runners - 1`` side loops on
-    their own connections (opened on the caller's thread, where an Airflow hook can read its
-    Connection), under one :class:`BatchBudget`. SKIP LOCKED alone keeps the loops apart and
-    each keeps its own keyset position (docs/design/pooler-and-slots.md, "Side by side").
-    """
+    """The cycle's batch loops: the first batch alone; when it comes back full, lane 0 and up
+    to ``runners - 1`` side loops under one :class:`BatchBudget`, each with its own keyset
+    position (docs/design/pooler-and-slots.md, "Side by side")."""
 
     def __init__(
         self,
@@ -298,8 +260,7 @@ class BatchLoops:
                 batch_size=cycle.batch_size,
             )
         self.budget = BatchBudget(max_batches, cycle.batch_size)
-        # a trigger that rejects every row alerts a capped number of times (errors_total
-        # keeps the true number)
+        # a trigger that rejects every row alerts a capped number of times
         self.alerts = CappedAlerts(telemetry.alerts)
         self.positions = [KeysetPosition(1)]  # one per loop started; the first's is the caller's
 
@@ -311,8 +272,7 @@ class BatchLoops:
     def run(self, conn: psycopg.Connection) -> StopReason:
         if self.stop.is_set():
             return StopReason.CANCELLED
-        # The first batch alone decides whether side loops are worth their connections: a
-        # short one (nothing more due, the usual cycle) opens none and reads no pacing signal.
+        # a short first batch (the usual cycle) opens no side loop and reads no pacing signal
         self.budget.take()
         if not run_batch(conn, self.cycle, self.positions[0], self.telemetry, self.alerts):
             return StopReason.DRAINED
@@ -337,14 +297,7 @@ class BatchLoops:
                 side_conn.close()
 
     def skipped_params(self, reason: StopReason) -> dict[str, Any]:
-        """Parameters of count_skipped_slots.sql (SkippedLockedCount).
-
-        Drained: every loop ended on a short batch, so it took every due slot it could lock;
-        whatever is still due (and not poison) was locked by someone else when the loops passed
-        (a booking in flight, another instance). Stopped by a bound (batches, time) or a stop:
-        only the due slots before the furthest point a loop's index walk reached were passed
-        over; the rest is backlog the loops never reached, not skipped.
-        """
+        """Parameters of count_skipped_slots.sql (docs/design/pooler-and-slots.md, section 3)."""
         walked = [p.after for p in self.positions if p.after is not None]
         return self.cycle.params() | {
             "bounded": reason is not StopReason.DRAINED,
@@ -372,7 +325,8 @@ class BatchLoops:
         return batch
 
     def _open_side_connections(self, conn: psycopg.Connection) -> list[psycopg.Connection]:
-        """Side loops' connections, when runners, the batch bound and the time allow them."""
+        """Side loops' connections (opened on the caller's thread, where an Airflow hook can read
+        its Connection), when runners, the batch bound and the time allow them."""
         if self.runners < 2 or self.max_batches <= 1:
             return []
         if self.stop.is_set() or self.deadline.expired():
@@ -399,8 +353,7 @@ class BatchLoops:
 
 
 def _open(connect: Connect) -> psycopg.Connection:
-    """A connection set up for batches: every batch is an explicit transaction (autocommit
-    outside them); its settings, asynchronous commit included, come from ``connect``."""
+    """A connection in autocommit: every batch is an explicit transaction."""
     conn = connect()
     try:
         conn.autocommit = True
@@ -413,7 +366,6 @@ def _open(connect: Connect) -> psycopg.Connection:
 def _dry_run(
     conn: psycopg.Connection,
     cycle: CycleState,
-    job: JobRun,
     *,
     started: float,
     clock: Callable[[], float],
@@ -422,7 +374,7 @@ def _dry_run(
     """Count what a cycle would expire; lock and change nothing."""
     would = _count(conn, "slots/count_due_slots", cycle.params())
     backlog = _count(conn, "slots/count_backlog", {"now": now(), "count_cap": COUNT_CAP})
-    result = ExpirationResult(
+    return ExpirationResult(
         expired_count=0,
         skipped_locked_count=0,
         duration_ms=_ms(clock() - started),
@@ -431,19 +383,6 @@ def _dry_run(
         dry_run=True,
         would_expire_count=would,
     )
-    # no duration metric and no last success: a dry run is no cycle
-    job.completed(
-        result.as_dict(),
-        duration_seconds=None,
-        success=False,
-        dry_run=True,
-        would_expire_count=would,
-        expired_count=0,
-        duration_ms=result.duration_ms,
-        skipped_locked_count=0,
-        backlog=backlog,
-    )
-    return result
 
 
 def _count(conn: psycopg.Connection, query: str, params: Mapping[str, Any]) -> int:
@@ -463,7 +402,7 @@ CLI = cli.JobCli(
     spec=SPEC,
     module="include.pin_maintenance.jobs.slot_expiration",
     database="calendar database",
-    description=__doc__ or "",
+    description="Run SlotExpirationJob once against a database (no Airflow needed).",
     session=SESSION,
     run=_run,
 )

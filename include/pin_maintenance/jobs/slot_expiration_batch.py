@@ -1,12 +1,5 @@
-"""One batch of a slot-expiration cycle: the expire statement, and poison isolation when a row
-fails it (the cycle around it: :mod:`include.pin_maintenance.jobs.slot_expiration`).
-
-A batch locks the oldest due slots after its loop's keyset position under ``FOR UPDATE SKIP
-LOCKED`` and expires them in one statement and one transaction. When a row error fails that
-statement (:func:`db.is_row_error`), the batch is retried in a fresh transaction that locks the
-same selection and expires it by halves under savepoints; each row that fails alone is a poison
-slot: logged, counted, alerted (capped per cycle) and excluded for the rest of the cycle. Any
-other error (the database, not a row) rolls the batch back and is raised as it is.
+"""One batch of a slot-expiration cycle: the expire statement, and poison isolation (bisection
+under savepoints) when a row fails it; any other error rolls the batch back and is raised.
 """
 
 from __future__ import annotations
@@ -19,7 +12,6 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from opentelemetry import trace
 
 from include.pin_maintenance import sql
 from include.pin_maintenance.db import is_row_error
@@ -29,10 +21,8 @@ from include.pin_maintenance.telemetry import Alert, Telemetry, error_code
 
 M_ERRORS = "calendar_slot_expiration_errors_total"
 POISON_ALERT = "slot_expiration_poison_row"
-# Counts (backlog, skipped, dry run) stop here so a huge backlog costs a bounded index range
-# read; the backlog alert fires at 5000, far below.
+# Counts (backlog, skipped, dry run) stop here: a bounded index range read (the alert: 5000).
 COUNT_CAP = 1_000_000
-# A batch span names at most this many of the tenants it touched (plus their count).
 MAX_SPAN_TENANTS = 20
 
 
@@ -45,7 +35,7 @@ class PoisonSlot:
 
 @dataclass
 class CycleState:
-    """What the batches of one cycle share (each loop runs in its own thread)."""
+    """What the batches (and threads) of one cycle share."""
 
     as_of: datetime
     batch_size: int
@@ -70,8 +60,8 @@ class CycleState:
     def batch_done(
         self, expired: int, poison: Sequence[PoisonSlot]
     ) -> tuple[int, list[PoisonSlot]]:
-        """Count one batch; return its number in the cycle (1-based) and the poison slots new
-        to the cycle (two loops can both meet a slot before either has excluded it)."""
+        """Count one batch; its number in the cycle (1-based) and the poison slots new to the
+        cycle (two loops can both meet one before either has excluded it)."""
         with self._lock:
             self.expired += expired
             known = {p.slot_id for p in self.poison}
@@ -83,8 +73,7 @@ class CycleState:
 
 @dataclass
 class KeysetPosition:
-    """Where one batch loop of a cycle stands in the index: the largest ``start_at`` it has
-    locked so far (its next batch starts there). ``runner`` numbers the loop in log lines."""
+    """One loop's place in the index: the largest ``start_at`` it has locked so far."""
 
     runner: int
     after: datetime | None = None
@@ -92,13 +81,13 @@ class KeysetPosition:
 
 @dataclass
 class _Outcome:
-    """What one batch did, for the cycle's tally, its span and its log line."""
+    """What one batch did."""
 
     selected: int
     expired: int
     last_start_at: datetime | None
     poison: list[tuple[uuid.UUID, psycopg.Error]] = field(default_factory=list)
-    tenants: list[uuid.UUID] | None = None  # None: the isolating path reads no tenants
+    tenants: list[uuid.UUID] | None = None  # None: isolated (reads no tenants)
     tenant_count: int = 0
 
 
@@ -111,8 +100,8 @@ def run_batch(
     *,
     size: int | None = None,
 ) -> bool:
-    """One batch of ``size`` slots at most (None: the cycle's ``batch_size``) in one
-    transaction (a span); True when it was full (more may be due)."""
+    """One batch of ``size`` slots at most (None: ``batch_size``) in one transaction; True when
+    it was full (more may be due)."""
     size = size or cycle.batch_size
     with telemetry.span(f"{JOB} batch", {"pin.runner": position.runner}) as span:
         tracing = span.is_recording()
@@ -127,7 +116,6 @@ def run_batch(
         except psycopg.Error as exc:
             if not is_row_error(exc.sqlstate) or conn.closed:
                 raise
-            # Nothing of this batch was written (the whole transaction rolled back).
             telemetry.log.warning(
                 "batch_isolating",
                 runner=position.runner,
@@ -144,13 +132,24 @@ def run_batch(
         number, found = cycle.batch_done(outcome.expired, found)
         for slot in found:
             _report_poison(slot, telemetry, alerts)
-            if tracing:  # seed 002: item failed (SlotId, exception), here its class only
+            if tracing:  # the exception's class only
                 error_type = slot.error.split(":", 1)[0]
                 span.add_event(
                     "item_failed", {"pin.slot_id": slot.slot_id, "error.type": error_type}
                 )
         if tracing:
-            _annotate(span, number, outcome)
+            span.set_attributes(
+                {
+                    "pin.batch.index": number,
+                    "pin.batch.rows": outcome.selected,
+                    "pin.batch.expired": outcome.expired,
+                    "pin.batch.poison": len(outcome.poison),
+                    "pin.batch.outcome": "isolated" if outcome.tenants is None else "committed",
+                }
+            )
+            if outcome.tenants is not None:
+                span.set_attribute("pin.tenant_ids", sorted(str(t) for t in outcome.tenants))
+                span.set_attribute("pin.tenant_count", outcome.tenant_count)
         telemetry.log.info(
             "batch_selected",
             batch_index=number,
@@ -176,11 +175,8 @@ def _expire(conn: psycopg.Connection, cycle: CycleState, params: dict[str, Any])
 def _expire_isolating(
     conn: psycopg.Connection, cycle: CycleState, params: dict[str, Any]
 ) -> _Outcome:
-    """Lock the batch's selection again and expire it by halves under savepoints.
-
-    A group that fails is split until the failing rows stand alone; with k poison rows in a
-    batch of n this costs about 2·k·log2(n) statements instead of n.
-    """
+    """Lock the batch's selection again and expire it by halves under savepoints, until the
+    failing rows stand alone (about 2·k·log2(n) statements for k poison rows in n)."""
     query = sql.load("slots/expire_slots_by_id")
     with conn.transaction():
         rows = conn.execute(sql.load("slots/lock_due_slots"), params).fetchall()
@@ -205,21 +201,6 @@ def _expire_isolating(
                     stack.append(part[mid:])
                     stack.append(part[:mid])
     return outcome
-
-
-def _annotate(span: trace.Span, number: int, outcome: _Outcome) -> None:
-    span.set_attributes(
-        {
-            "pin.batch.index": number,
-            "pin.batch.rows": outcome.selected,
-            "pin.batch.expired": outcome.expired,
-            "pin.batch.poison": len(outcome.poison),
-            "pin.batch.outcome": "isolated" if outcome.tenants is None else "committed",
-        }
-    )
-    if outcome.tenants is not None:
-        span.set_attribute("pin.tenant_ids", sorted(str(t) for t in outcome.tenants))
-        span.set_attribute("pin.tenant_count", outcome.tenant_count)
 
 
 def _report_poison(slot: PoisonSlot, telemetry: Telemetry, alerts: CappedAlerts) -> None:

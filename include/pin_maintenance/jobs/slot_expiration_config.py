@@ -1,8 +1,5 @@
-"""The slot expiration (seed 002) job: its id, config keys and how long a cycle may take
-with them (docs/design.md, "Configuration").
-
-DAG files import this module at parse time, so it imports nothing heavier than the config
-rules themselves (no database driver, no HTTP client).
+"""The slot expiration (seed 002) job's id, config keys and bounds (docs/design.md,
+"Configuration"). DAG files import it at parse time: no database driver, no HTTP client.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ CONN_ID = "calendar_db"
 
 # One statement never runs longer than this; a slow batch is an infrastructure failure.
 STATEMENT_TIMEOUT_SECONDS = 30
-# A loop still in a statement when the cycle is cancelled stops within the statement timeout
-# (the cancel hook interrupts it at once; this is the bound if the server does not answer).
+# a loop in a statement at a cancel: interrupted at once, this if the server does not answer
 STOP_GRACE_SECONDS = STATEMENT_TIMEOUT_SECONDS + 5
 
 
@@ -61,9 +57,7 @@ class SlotConfig(PacingConfig):
 
 
 def worst_case_run_seconds(config: SlotConfig) -> float:
-    """How long a cycle may take at most with ``config``: no batch starts after
-    max_run_duration_seconds, and the loops in a statement then stop within
-    :data:`STOP_GRACE_SECONDS`."""
+    """How long a cycle may take at most: its duration bound, then the loops' stop grace."""
     return config.max_run_duration_seconds + STOP_GRACE_SECONDS
 
 
