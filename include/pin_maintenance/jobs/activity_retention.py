@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import sys
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta
@@ -38,11 +36,12 @@ from include.pin_maintenance.jobs.activity_retention_walk import (
     DELETED_METRIC,
     KEY_START,
     M_BATCHES,
+    M_PACED_PREFIX,
     KeysetWalk,
     StepResult,
 )
 from include.pin_maintenance.lifecycle import JobMetrics, JobRun, JobSpec, job_run
-from include.pin_maintenance.pacing import Pacer, paced_metrics
+from include.pin_maintenance.pacing import paced_metrics
 from include.pin_maintenance.parallel import Deadline
 from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry, set_result
@@ -62,7 +61,6 @@ TABLES: tuple[str, ...] = ("action_events", "property_object_views", "sessions")
 M_LOCK_CONTENTION = "activity_retention_lock_contention_total"
 M_RUN_DURATION = "activity_retention_run_duration_seconds"
 M_ELIGIBLE_BACKLOG = "activity_retention_eligible_backlog"
-M_PACED_PREFIX = "activity_retention_paced"
 
 SPEC = JobSpec(
     job=JOB,
@@ -266,20 +264,15 @@ def _delete_step(
     lock_name: str | None,
     after: StepResult | None,
 ) -> StepResult:
-    until = after.covered() if after is not None else None
-    bounded_by = after.stop_reason if after is not None else StopReason.DRAINED.value
-    if until == KEY_START:  # the step before covered nothing (its lock was busy)
+    if after is not None and after.covered() == KEY_START:  # its lock was busy
         run.log.info("step_skipped", table=table, reason="the step before covered nothing")
         return StepResult(table=table, stop_reason=StopReason.MAX_BATCHES.value)
     # Opened before the lock: opening may need a pooler's server connection for a moment, and
     # the lock's transaction pins one for the whole step.
     conns = _open_loops(connect, plan, run.telemetry, table)
-    walk = functools.partial(
-        _walk, run, conns, plan, table, stop, until=until, bounded_by=bounded_by
-    )
     try:
         if plan.dry_run or lock_name is None:
-            return walk()
+            return _walk(run, conns, plan, table, stop, after=after)
         lease = lock_lease_seconds(plan)
         with advisory_lock(connect, lock_name, lease) as held:
             if not held:  # report counts the contention, once per run
@@ -287,7 +280,7 @@ def _delete_step(
                     connect, lock_name, lease, count_contention=False, table=table
                 )
                 return StepResult(table=table, lock_skipped=True)
-            return walk(held=1)
+            return _walk(run, conns, plan, table, stop, after=after, held=1)
     finally:
         for conn in conns:
             with contextlib.suppress(Exception):
@@ -316,8 +309,7 @@ def _walk(
     table: str,
     stop: StopSignal,
     *,
-    until: tuple[datetime, uuid.UUID] | None,
-    bounded_by: str,
+    after: StepResult | None,
     held: int = 0,
 ) -> StepResult:
     # fail fast when a pooler cannot serve every loop beside the lock (docs/deploying.md)
@@ -332,10 +324,8 @@ def _walk(
     conns[0].rollback()
     # the first batch always runs: a step whose earlier tasks used up its share still progresses
     deadline = Deadline(max(float(remaining), 0.0))
-    walk = KeysetWalk(
-        plan, table, run.telemetry, stop, deadline=deadline, until=until, bounded_by=bounded_by
-    )
-    result = walk.run(conns, pacer=_pacer(plan, table, run, conns, deadline))
+    walk = KeysetWalk(plan, table, run.telemetry, stop, deadline=deadline, after=after)
+    result = walk.run(conns)
     run.log.info(
         "step_completed",
         table=table,
@@ -356,24 +346,6 @@ def _walk(
             batches=walk.batches,
         )
     return result
-
-
-def _pacer(
-    plan: RunPlan, table: str, run: JobRun, conns: list[psycopg.Connection], deadline: Deadline
-) -> Pacer | None:
-    """The step's pacing (docs/design.md, "Pacing"); a dry run only reads. The sessions step's
-    batches stay whole (the seed's unit), the child steps' are sized to the load."""
-    if plan.dry_run or not plan.config.paced:
-        return None
-    pacer = Pacer(
-        plan.config,
-        run.telemetry,
-        paced_metric_prefix=M_PACED_PREFIX,
-        deadline_remaining=deadline.remaining,
-        batch_size=None if table == "sessions" else plan.config.batch_size,
-    )
-    pacer.connections = list(conns)
-    return pacer
 
 
 def report(

@@ -47,6 +47,7 @@ _COUNT_SQL = {
 }
 
 M_BATCHES = "activity_retention_batches_processed"
+M_PACED_PREFIX = "activity_retention_paced"
 DELETED_METRIC = {
     "action_events": "activity_retention_deleted_action_events",
     "property_object_views": "activity_retention_deleted_property_object_views",
@@ -124,8 +125,8 @@ class BatchFailed(RuntimeError):
 
 
 class KeysetWalk:
-    """One step's shared keyset position and the batch every loop repeats. ``until``: the last
-    key the step before covered (None: no bound); reaching it ends the walk as ``bounded_by``."""
+    """One step's shared keyset position and the batch every loop repeats. ``after``: the step
+    before (None: none); the walk ends at the last key it covered, bounded as it was."""
 
     def __init__(
         self,
@@ -135,13 +136,12 @@ class KeysetWalk:
         stop: StopSignal,
         *,
         deadline: Deadline,
-        until: tuple[datetime, uuid.UUID] | None = None,
-        bounded_by: str = StopReason.DRAINED.value,
+        after: StepResult | None = None,
     ) -> None:
         self.plan, self.table, self.telemetry, self.stop = plan, table, telemetry, stop
         self.deadline = deadline
-        self.until_ended_at, self.until_id = until or KEY_END
-        self._bounded_by = StopReason(bounded_by)
+        self.until_ended_at, self.until_id = (after and after.covered()) or KEY_END
+        self._bounded_by = StopReason(after.stop_reason if after else StopReason.DRAINED)
         self._claim_lock = threading.Lock()  # the keyset position and the claim count
         self._count_lock = threading.Lock()  # the totals
         self._aborted = threading.Event()  # a loop failed: nothing more commits
@@ -158,8 +158,9 @@ class KeysetWalk:
         )
         self._act = sql.load(_COUNT_SQL[table] if plan.dry_run else _DELETE_SQL[table])
 
-    def run(self, conns: Sequence[psycopg.Connection], pacer: Pacer | None = None) -> StepResult:
+    def run(self, conns: Sequence[psycopg.Connection]) -> StepResult:
         """Walk with one batch loop per connection; the step's result once every loop stopped."""
+        pacer = self._pacer(conns)
         loops = run_batch_loops(
             [functools.partial(self.batch, conn) for conn in conns],
             stop=self.stop,
@@ -179,6 +180,22 @@ class KeysetWalk:
             last_id=str(self.after_id) if self.claimed else None,
             paced_ms=round(pacer.paced_total * 1000) if pacer is not None else 0,
         )
+
+    def _pacer(self, conns: Sequence[psycopg.Connection]) -> Pacer | None:
+        """The step's pacing (docs/design.md, "Pacing"); a dry run only reads. The sessions
+        step's batches stay whole (the seed's unit), the child steps' are sized to the load."""
+        config = self.plan.config
+        if self.plan.dry_run or not config.paced:
+            return None
+        pacer = Pacer(
+            config,
+            self.telemetry,
+            paced_metric_prefix=M_PACED_PREFIX,
+            deadline_remaining=self.deadline.remaining,
+            batch_size=None if self.table == "sessions" else config.batch_size,
+        )
+        pacer.connections = list(conns)
+        return pacer
 
     def _reason(self, loops: StopReason) -> StopReason:
         """Why the step ended; the end of the range wins over what the loops met after it."""

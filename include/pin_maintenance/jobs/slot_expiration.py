@@ -44,7 +44,6 @@ from include.pin_maintenance.lifecycle import (
     job_run,
 )
 from include.pin_maintenance.pacing import Pacer, paced_metrics
-from include.pin_maintenance.pacing_config import PacingConfig
 from include.pin_maintenance.parallel import BatchBudget, Deadline, Lane, run_batch_loops
 from include.pin_maintenance.stopping import StopReason, StopSignal
 from include.pin_maintenance.telemetry import Telemetry
@@ -113,8 +112,7 @@ class ExpirationResult:
             "PacedMs": self.paced_ms,
         }
         if self.dry_run:
-            out["DryRun"] = True
-            out["WouldExpireCount"] = self.would_expire_count
+            out |= {"DryRun": True, "WouldExpireCount": self.would_expire_count}
         return out
 
 
@@ -150,20 +148,10 @@ def run(
         try:
             privileges.require(connect, JOB, telemetry)  # before any write
             with contextlib.closing(_open(connect)) as conn:
-                if dry_run:
-                    result = _dry_run(conn, cycle, started=started, clock=clock, now=now)
-                else:
-                    loops = BatchLoops(
-                        connect,
-                        cycle,
-                        telemetry,
-                        stop,
-                        deadline=Deadline(config.max_run_duration_seconds, clock=clock),
-                        runners=config.runners,
-                        max_batches=config.max_batches_per_cycle,
-                        pacing=config,
-                    )
-                    result = _expire(conn, loops, started=started, clock=clock, now=now)
+                loops: BatchLoops | None = None
+                if not dry_run:
+                    loops = BatchLoops(connect, cycle, telemetry, stop, config, clock=clock)
+                result = _cycle(conn, cycle, loops, started=started, clock=clock, now=now)
         except BaseException as exc:  # the batch in hand rolled back; job_run logs job_failed
             if isinstance(exc, psycopg.Error):
                 telemetry.metrics.incr(M_ERRORS)
@@ -179,30 +167,37 @@ def run(
         return result
 
 
-def _expire(
+def _cycle(
     conn: psycopg.Connection,
-    loops: BatchLoops,
+    cycle: CycleState,
+    loops: BatchLoops | None,
     *,
     started: float,
     clock: Callable[[], float],
     now: Callable[[], datetime],
 ) -> ExpirationResult:
-    """The cycle's batches, then what it skipped and what is still due."""
-    stop_reason = loops.run(conn)
-    skipped = _count(conn, "slots/count_skipped_slots", loops.skipped_params(stop_reason))
+    """The cycle's batches, then what it skipped and what is still due. A dry run (no
+    ``loops``) counts what a cycle would expire; it locks and changes nothing."""
+    would, reason, skipped = None, StopReason.DRAINED, 0
+    if loops is None:
+        would = _count(conn, "slots/count_due_slots", cycle.params())
+    else:
+        reason = loops.run(conn)
+        skipped = _count(conn, "slots/count_skipped_slots", loops.skipped_params(reason))
     backlog = _count(conn, "slots/count_backlog", {"now": now(), "count_cap": COUNT_CAP})
-    cycle = loops.cycle
     return ExpirationResult(
         expired_count=cycle.expired,
         skipped_locked_count=skipped,
         duration_ms=_ms(clock() - started),
         as_of=cycle.as_of,
         batches=cycle.batches,
-        stop_reason=stop_reason.value,
+        stop_reason=reason.value,
         poison=tuple(cycle.poison),
         backlog=backlog,
-        runners=loops.started,
-        paced_ms=_ms(loops.pacer.paced_total) if loops.pacer else 0,
+        dry_run=loops is None,
+        would_expire_count=would,
+        runners=loops.started if loops else 1,
+        paced_ms=_ms(loops.pacer.paced_total) if loops and loops.pacer else 0,
     )
 
 
@@ -242,24 +237,23 @@ class BatchLoops:
         cycle: CycleState,
         telemetry: Telemetry,
         stop: StopSignal,
+        config: SlotConfig,
         *,
-        deadline: Deadline,
-        runners: int,
-        max_batches: int,
-        pacing: PacingConfig,
+        clock: Callable[[], float],
     ) -> None:
         self.connect, self.cycle, self.telemetry, self.stop = connect, cycle, telemetry, stop
-        self.deadline, self.runners, self.max_batches = deadline, runners, max_batches
+        self.deadline = Deadline(config.max_run_duration_seconds, clock=clock)
+        self.runners, self.max_batches = config.runners, config.max_batches_per_cycle
         self.pacer: Pacer | None = None
-        if max_batches > 1 and pacing.paced:  # one batch a cycle needs no pacing
+        if self.max_batches > 1 and config.paced:  # one batch a cycle needs no pacing
             self.pacer = Pacer(
-                pacing,
+                config,
                 telemetry,
                 paced_metric_prefix=M_PACED_PREFIX,
-                deadline_remaining=deadline.remaining,
+                deadline_remaining=self.deadline.remaining,
                 batch_size=cycle.batch_size,
             )
-        self.budget = BatchBudget(max_batches, cycle.batch_size)
+        self.budget = BatchBudget(self.max_batches, cycle.batch_size)
         # a trigger that rejects every row alerts a capped number of times
         self.alerts = CappedAlerts(telemetry.alerts)
         self.positions = [KeysetPosition(1)]  # one per loop started; the first's is the caller's
@@ -327,9 +321,12 @@ class BatchLoops:
     def _open_side_connections(self, conn: psycopg.Connection) -> list[psycopg.Connection]:
         """Side loops' connections (opened on the caller's thread, where an Airflow hook can read
         its Connection), when runners, the batch bound and the time allow them."""
-        if self.runners < 2 or self.max_batches <= 1:
-            return []
-        if self.stop.is_set() or self.deadline.expired():
+        if (
+            self.runners < 2
+            or self.max_batches <= 1
+            or self.stop.is_set()
+            or self.deadline.expired()
+        ):
             return []
         side: list[psycopg.Connection] = []
         for number in range(2, self.runners + 1):
@@ -361,28 +358,6 @@ def _open(connect: Connect) -> psycopg.Connection:
         conn.close()
         raise
     return conn
-
-
-def _dry_run(
-    conn: psycopg.Connection,
-    cycle: CycleState,
-    *,
-    started: float,
-    clock: Callable[[], float],
-    now: Callable[[], datetime],
-) -> ExpirationResult:
-    """Count what a cycle would expire; lock and change nothing."""
-    would = _count(conn, "slots/count_due_slots", cycle.params())
-    backlog = _count(conn, "slots/count_backlog", {"now": now(), "count_cap": COUNT_CAP})
-    return ExpirationResult(
-        expired_count=0,
-        skipped_locked_count=0,
-        duration_ms=_ms(clock() - started),
-        as_of=cycle.as_of,
-        backlog=backlog,
-        dry_run=True,
-        would_expire_count=would,
-    )
 
 
 def _count(conn: psycopg.Connection, query: str, params: Mapping[str, Any]) -> int:
