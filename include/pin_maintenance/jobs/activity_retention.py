@@ -267,39 +267,31 @@ def _delete_step(
     if after is not None and after.covered() == KEY_START:  # its lock was busy
         run.log.info("step_skipped", table=table, reason="the step before covered nothing")
         return StepResult(table=table, stop_reason=StopReason.MAX_BATCHES.value)
-    # Opened before the lock: opening may need a pooler's server connection for a moment, and
-    # the lock's transaction pins one for the whole step.
-    conns = _open_loops(connect, plan, run.telemetry, table)
-    try:
-        if plan.dry_run or lock_name is None:
-            return _walk(run, conns, plan, table, stop, after=after)
-        lease = lock_lease_seconds(plan)
-        with advisory_lock(connect, lock_name, lease) as held:
-            if not held:  # report counts the contention, once per run
-                run.skipped_lock_busy(
-                    connect, lock_name, lease, count_contention=False, table=table
-                )
-                return StepResult(table=table, lock_skipped=True)
-            return _walk(run, conns, plan, table, stop, after=after, held=1)
-    finally:
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-
-def _open_loops(
-    connect: Connect, plan: RunPlan, telemetry: Telemetry, table: str
-) -> list[psycopg.Connection]:
-    """One connection per batch loop, opened on the caller's thread (an Airflow hook reads its
-    Connection through the task runner, which is not for side threads)."""
+    # One connection per loop, opened on the caller's thread (an Airflow hook reads its
+    # Connection through the task runner) and before the lock: opening may need a pooler's
+    # server connection for a moment, and the lock's transaction pins one for the whole step.
     conns = [connect()]
     for number in range(2, _runner_count(plan) + 1):
         try:
             conns.append(connect())
         except psycopg.Error as exc:  # more loops are an optimisation, not a requirement
-            telemetry.log.warning("runner_not_started", table=table, runner=number, error=str(exc))
+            run.log.warning("runner_not_started", table=table, runner=number, error=str(exc))
             break
-    return conns
+    lease = lock_lease_seconds(plan)
+    unlocked = plan.dry_run or lock_name is None
+    lock = contextlib.nullcontext(None) if unlocked else advisory_lock(connect, lock_name, lease)
+    try:
+        with lock as held:  # None: no lock taken
+            if held is False:  # report counts the contention, once per run
+                run.skipped_lock_busy(
+                    connect, lock_name, lease, count_contention=False, table=table
+                )
+                return StepResult(table=table, lock_skipped=True)
+            return _walk(run, conns, plan, table, stop, after=after, held=1 if held else 0)
+    finally:
+        for conn in conns:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 def _walk(

@@ -72,12 +72,8 @@ class ClaimedBatch:
     last: uuid.UUID
 
     def log_ids(self) -> dict[str, Any]:
-        return {
-            "first": str(self.first),
-            "last": str(self.last),
-            "count": self.count,
-            "ids": _sample_ids(self.ids),
-        }
+        first, last, ids = str(self.first), str(self.last), _sample_ids(self.ids)
+        return {"first": first, "last": last, "count": self.count, "ids": ids}
 
 
 @dataclass(frozen=True)
@@ -207,9 +203,6 @@ class KeysetWalk:
             return StopReason.MAX_DURATION
         return loops
 
-    def abort(self) -> None:
-        self._aborted.set()
-
     def batch(self, conn: psycopg.Connection, lane: Lane, size: int | None) -> bool:
         """Claim, delete and commit one batch of ``size`` sessions (None: batch_size) on the
         lane's ``conn``; True when it was full."""
@@ -217,7 +210,7 @@ class KeysetWalk:
             self._lanes.add(lane.index)
             if lane.index:
                 otel_context.attach(self._parent)  # this thread's own context, gone with it
-            lane.on_cancel(self.abort)  # first: a batch not committed now rolls back
+            lane.on_cancel(self._aborted.set)  # first: a batch not committed now rolls back
             lane.on_cancel(functools.partial(conn.cancel_safe, timeout=CANCEL_TIMEOUT_SECONDS))
         size = size or self.plan.config.batch_size
         try:
@@ -236,7 +229,13 @@ class KeysetWalk:
         """The next batch of at most ``size`` sessions, row-locked in ``conn``'s transaction;
         None at the end of the range, a stop or a failure."""
         with self._claim_lock:  # untimed: see docs/design/retention.md
-            if self._claiming_ended(lane):
+            # rechecked under the lock: a sibling may have ended, failed or timed out meanwhile
+            if (
+                self._end is not None
+                or self._aborted.is_set()
+                or lane.stop.is_set()
+                or (self.claimed > 0 and lane.deadline.expired())
+            ):
                 return None
             index = self.claimed
             try:
@@ -264,15 +263,6 @@ class KeysetWalk:
             if count < size:
                 self._reached_end()  # a short batch
             return ClaimedBatch(index, ids, count, first, last_id)
-
-    def _claiming_ended(self, lane: Lane) -> bool:
-        # rechecked under the claim lock: a sibling may have ended, failed or timed out meanwhile
-        return (
-            self._end is not None
-            or self._aborted.is_set()
-            or lane.stop.is_set()
-            or (self.claimed > 0 and lane.deadline.expired())
-        )
 
     def _reached_end(self) -> None:
         # the end of what a bounded earlier step covered: the same bound (HasMore), not drained
@@ -333,7 +323,7 @@ class KeysetWalk:
     def _fail(
         self, conn: psycopg.Connection, index: int, batch: ClaimedBatch | None, exc: psycopg.Error
     ) -> None:
-        self.abort()  # first: no sibling commits after this
+        self._aborted.set()  # first: no sibling commits after this
         with contextlib.suppress(psycopg.Error):
             conn.rollback()
         batch_ids: dict[str, Any] = batch.log_ids() if batch is not None else {}

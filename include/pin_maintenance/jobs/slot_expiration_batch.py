@@ -131,7 +131,11 @@ def run_batch(
         ]
         number, found = cycle.batch_done(outcome.expired, found)
         for slot in found:
-            _report_poison(slot, telemetry, alerts)
+            telemetry.log.error("item_failed", slot_id=slot.slot_id, error=slot.error)
+            telemetry.metrics.incr(M_ERRORS)
+            summary = f"slot {slot.slot_id} cannot be expired; left Available for the next cycle"
+            details = {"slot_id": slot.slot_id, "error": slot.code or "unknown"}
+            alerts.send(Alert(POISON_ALERT, "warning", summary, details))
             if tracing:  # the exception's class only
                 error_type = slot.error.split(":", 1)[0]
                 span.add_event(
@@ -198,19 +202,5 @@ def _expire_isolating(
                     outcome.poison.append((part[0], exc))
                 else:
                     mid = len(part) // 2
-                    stack.append(part[mid:])
-                    stack.append(part[:mid])
+                    stack += [part[mid:], part[:mid]]
     return outcome
-
-
-def _report_poison(slot: PoisonSlot, telemetry: Telemetry, alerts: CappedAlerts) -> None:
-    telemetry.log.error("item_failed", slot_id=slot.slot_id, error=slot.error)
-    telemetry.metrics.incr(M_ERRORS)
-    alerts.send(
-        Alert(
-            POISON_ALERT,
-            "warning",
-            f"slot {slot.slot_id} cannot be expired; left Available for the next cycle",
-            {"slot_id": slot.slot_id, "error": slot.code or "unknown"},
-        )
-    )
