@@ -13,12 +13,7 @@ from include.pin_maintenance import sql
 from include.pin_maintenance.config import ConfigError
 from include.pin_maintenance.jobs import activity_retention as job
 from include.pin_maintenance.jobs.activity_retention_config import STOP_GRACE_SECONDS
-from include.pin_maintenance.jobs.activity_retention_walk import (
-    _COUNT_SQL,
-    _DELETE_SQL,
-    KEY_START,
-    _sample_ids,
-)
+from include.pin_maintenance.jobs.activity_retention_walk import _SQL, KEY_START, _sample_ids
 from include.pin_maintenance.stopping import StopReason
 from tests.job_db import job_telemetry
 
@@ -72,7 +67,7 @@ def test_edges_of_the_ranges_are_valid():
 
 
 def test_every_query_file_exists():
-    for name in [*_DELETE_SQL.values(), *_COUNT_SQL.values()]:
+    for name in [name for pair in _SQL.values() for name in pair]:
         assert sql.load(name)
     for name in ("plan_run", "count_eligible_sessions", "seconds_until"):
         assert sql.load(f"retention/{name}")

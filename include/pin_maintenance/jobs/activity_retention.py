@@ -92,12 +92,10 @@ class RunPlan:
 
     def to_xcom(self) -> dict[str, Any]:
         """One flat JSON object: the config keys beside the plan's own."""
-        data = {**asdict(self.config), **asdict(self)}
-        del data["config"]
-        return data | {
-            "cutoff": self.cutoff.isoformat(),
-            "deadline_at": self.deadline_at.isoformat(),
-        }
+        data = asdict(self)
+        config = data.pop("config")
+        dates = {"cutoff": self.cutoff.isoformat(), "deadline_at": self.deadline_at.isoformat()}
+        return config | data | dates
 
     @classmethod
     def from_xcom(cls, data: dict[str, Any]) -> RunPlan:
@@ -191,10 +189,8 @@ def prepare(
     dry_run: bool = False,
     wall_clock: Callable[[], float] = time.time,
 ) -> RunPlan:
-    """Fix the run's cutoff and deadline on the server clock and measure the backlog.
-
-    ``config`` comes from ``CONFIG.resolve``. Takes no lock: each delete step takes its own.
-    """
+    """Fix the run's cutoff and deadline on the server clock and measure the backlog (no lock:
+    each delete step takes its own)."""
     with job_run(SPEC, telemetry, "prepare") as run:
         # for all three delete steps: a role without DELETE on sessions must not delete events
         privileges.require(connect, JOB, telemetry)
@@ -239,13 +235,9 @@ def delete_step(
     lock_name: str | None = LOCK_NAME,
     after: StepResult | None = None,
 ) -> StepResult:
-    """Delete ``table``'s rows of the eligible sessions, batch by batch, under the job lock.
-
-    ``after`` is the run's previous step (None for the first): this step covers no session past
-    the last one it covered. A busy lock logs ``job_skipped`` and returns a ``lock_skipped``
-    no-op; ``lock_name=None`` (isolation tests only) takes no lock. A failed batch raises
-    :class:`BatchFailed`, a stop :class:`JobCancelled` (docs/design/retention.md).
-    """
+    """Delete ``table``'s rows of the eligible sessions, batch by batch, under the job lock
+    (busy: a ``lock_skipped`` no-op; ``lock_name=None``, for tests: none), covering no session
+    past the last one ``after``, the run's step before, covered (docs/design/retention.md)."""
     if table not in TABLES:
         raise ValueError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
     with job_run(SPEC, telemetry, f"delete {table}") as run:
@@ -308,11 +300,8 @@ def _walk(
     require_server_connections(
         conns, job=JOB, held=held, what=f"{held} lock + {len(conns)} batch loops"
     )
-    remaining = (
-        conns[0]
-        .execute(sql.load("retention/seconds_until"), {"deadline_at": step_deadline(plan, table)})
-        .fetchone()[0]
-    )
+    query = sql.load("retention/seconds_until")
+    remaining = conns[0].execute(query, {"deadline_at": step_deadline(plan, table)}).fetchone()[0]
     conns[0].rollback()
     # the first batch always runs: a step whose earlier tasks used up its share still progresses
     deadline = Deadline(max(float(remaining), 0.0))
@@ -347,11 +336,8 @@ def report(
     *,
     wall_clock: Callable[[], float] = time.time,
 ) -> RetentionResult:
-    """Sum the steps into the seed's result; log ``job_completed`` and the run's metrics.
-
-    The duration runs from ``prepare``'s start on worker wall clocks (tasks may run on
-    different workers; their skew is small next to a run).
-    """
+    """Sum the steps into the seed's result; log ``job_completed`` and the run's metrics (the
+    duration from ``prepare``'s start, on worker wall clocks: their skew is small)."""
     with job_run(SPEC, telemetry, "report", wall_clock=wall_clock) as run:
         result = RetentionResult.of_steps(tuple(steps), dry_run=plan.dry_run)
         duration = max(wall_clock() - plan.started_at_unix, 0.0)

@@ -35,15 +35,13 @@ from include.pin_maintenance.telemetry import Alert, Telemetry, error_code
 if TYPE_CHECKING:  # the run's module imports this one
     from include.pin_maintenance.jobs.activity_retention import RunPlan
 
-_DELETE_SQL = {
-    "action_events": "retention/delete_action_events",
-    "property_object_views": "retention/delete_property_object_views",
-    "sessions": "retention/delete_childless_sessions",
-}
-_COUNT_SQL = {
-    "action_events": "retention/count_action_events",
-    "property_object_views": "retention/count_property_object_views",
-    "sessions": "retention/count_sessions",
+_SQL = {  # table -> its delete, and its count for a dry run
+    "action_events": ("retention/delete_action_events", "retention/count_action_events"),
+    "property_object_views": (
+        "retention/delete_property_object_views",
+        "retention/count_property_object_views",
+    ),
+    "sessions": ("retention/delete_childless_sessions", "retention/count_sessions"),
 }
 
 M_BATCHES = "activity_retention_batches_processed"
@@ -144,15 +142,15 @@ class KeysetWalk:
         self._lanes: set[int] = set()  # lanes whose cancel hooks are set
         self._parent = otel_context.get_current()
         self.after_ended_at, self.after_id = KEY_START
-        self.claimed = 0  # batches claimed: the next batch's index
-        self.batches = 0  # batches committed (or counted, in a dry run)
-        self.rows = 0
+        # batches claimed (the next one's index), committed (or counted), rows deleted (counted)
+        self.claimed = self.batches = self.rows = 0
         self.stop_reason = StopReason.DRAINED
         self._end: StopReason | None = None  # the end of the range, once reached
         self._select = sql.load(
             "retention/peek_session_batch" if plan.dry_run else "retention/claim_session_batch"
         )
-        self._act = sql.load(_COUNT_SQL[table] if plan.dry_run else _DELETE_SQL[table])
+        delete, count = _SQL[table]
+        self._act = sql.load(count if plan.dry_run else delete)
 
     def run(self, conns: Sequence[psycopg.Connection]) -> StepResult:
         """Walk with one batch loop per connection; the step's result once every loop stopped."""
@@ -312,13 +310,8 @@ class KeysetWalk:
         )
         if span.is_recording():
             outcome = "counted" if self.plan.dry_run else "committed"
-            span.set_attributes(
-                {
-                    "pin.batch.sessions": batch.count,
-                    "pin.batch.rows": affected,
-                    "pin.batch.outcome": outcome,
-                }
-            )
+            attributes = {"pin.batch.sessions": batch.count, "pin.batch.rows": affected}
+            span.set_attributes(attributes | {"pin.batch.outcome": outcome})
 
     def _fail(
         self, conn: psycopg.Connection, index: int, batch: ClaimedBatch | None, exc: psycopg.Error

@@ -126,13 +126,8 @@ def run(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     clock: Callable[[], float] = time.monotonic,
 ) -> ExpirationResult:
-    """Run one expiration cycle; return the seed's result.
-
-    ``config`` is ``CONFIG.resolve(...)`` or a mapping this resolves (a bad one raises
-    :class:`ConfigError` before any connection). ``now`` gives AsOf and the backlog, ``clock``
-    the duration bound. A stop between batches raises :class:`JobCancelled`; a database error
-    is raised after the batch in hand rolled back.
-    """
+    """Run one expiration cycle; return the seed's result. ``config``: ``CONFIG.resolve(...)``
+    or a mapping to resolve; ``now`` gives AsOf, ``clock`` measures the duration bound."""
     if not isinstance(config, SlotConfig):
         config = CONFIG.resolve(config, variable_source="config")
     with job_run(SPEC, telemetry) as job:
@@ -196,7 +191,7 @@ def _cycle(
         backlog=backlog,
         dry_run=loops is None,
         would_expire_count=would,
-        runners=loops.started if loops else 1,
+        runners=len(loops.positions) if loops else 1,  # loops started
         paced_ms=_ms(loops.pacer.paced_total) if loops and loops.pacer else 0,
     )
 
@@ -258,11 +253,6 @@ class BatchLoops:
         self.alerts = CappedAlerts(telemetry.alerts)
         self.positions = [KeysetPosition(1)]  # one per loop started; the first's is the caller's
 
-    @property
-    def started(self) -> int:
-        """Loops started (the result's ``Runners``)."""
-        return len(self.positions)
-
     def run(self, conn: psycopg.Connection) -> StopReason:
         if self.stop.is_set():
             return StopReason.CANCELLED
@@ -304,7 +294,6 @@ class BatchLoops:
         position: KeysetPosition,
         parent: otel_context.Context | None = None,
     ) -> Callable[[Lane, int | None], bool]:
-        """One loop's batch on ``conn``, for :func:`run_batch_loops`."""
         first = True
 
         def batch(lane: Lane, size: int | None) -> bool:
