@@ -1,26 +1,11 @@
-"""What each job needs of its database role, checked at the start of a run, before any write.
-
-The grants themselves are ``include/sql/schema/job_roles.sql`` (docs/deploying.md, "Database
-roles"); this module holds the same list as data (:data:`REQUIREMENTS`, one tuple per job), asks
-the server what the connection's role may do (one query,
-``include/sql/privileges/check_role_privileges.sql``) and, when a required privilege is missing,
-fails the run before it writes anything, with one error line and one alert that name the role,
-the object, the privilege and what the job needs it for::
-
-    role pin_activity lacks UPDATE on user_activity.sessions (row locks of the batch claim: ...)
-
-A missing privilege is a configuration problem, not a data problem: nothing a retry or the next
-run can fix, so the alert :data:`ALERT` says so, and the Airflow glue fails the task without a
-retry (``Telemetry.refuse``).
-
-The pure part (:func:`shortfalls`, :func:`describe`, :class:`MissingPrivileges`) turns the server's
-answers into those words; :func:`require` is the one function that queries and raises.
-"""
+"""What each job's database role must hold (docs/design.md, "Database schema"), checked before a
+run's first write; a shortfall fails the run naming role, object, privilege and its use."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, NoReturn
 
 from include.pin_maintenance import server_version, sql
@@ -39,8 +24,7 @@ FIX = (
 
 @dataclass(frozen=True)
 class Requirement:
-    """One privilege a job needs: ``privilege`` on ``name`` (``schema.object``), and what for,
-    in a few words an operator reads in the error."""
+    """``privilege`` on ``name`` (``schema.object``), and what the job needs it for."""
 
     kind: Kind
     privilege: str
@@ -48,35 +32,16 @@ class Requirement:
     purpose: str
     columns: tuple[str, ...] = ()
 
-    @property
-    def schema(self) -> str:
-        return self.name.split(".", 1)[0] if "." in self.name else self.name
 
-    @property
-    def object(self) -> str:
-        return self.name.split(".", 1)[1] if "." in self.name else ""
-
-
-def usage(schema: str, purpose: str) -> Requirement:
-    return Requirement("schema", "USAGE", schema, purpose)
-
-
-def table(privilege: str, name: str, purpose: str) -> Requirement:
-    return Requirement("table", privilege, name, purpose)
+usage = partial(Requirement, "schema", "USAGE")  # usage(schema, purpose)
+table = partial(Requirement, "table")  # table(privilege, name, purpose)
+# a row lock (FOR UPDATE...) needs UPDATE on at least one column, even if the job never updates
+row_locks = partial(Requirement, "any_column", "UPDATE")  # row_locks(name, purpose)
+function = partial(Requirement, "function", "EXECUTE")  # function(signature, purpose)
 
 
 def columns(privilege: str, name: str, cols: Sequence[str], purpose: str) -> Requirement:
     return Requirement("columns", privilege, name, purpose, tuple(cols))
-
-
-def row_locks(name: str, purpose: str) -> Requirement:
-    """A row lock (``FOR UPDATE``, ``FOR KEY SHARE``...) on ``name``: Postgres allows it only
-    with UPDATE on at least one column of the table, even to a role that never updates it."""
-    return Requirement("any_column", "UPDATE", name, purpose)
-
-
-def function(signature: str, purpose: str) -> Requirement:
-    return Requirement("function", "EXECUTE", signature, purpose)
 
 
 ADVISORY_LOCK = function(
@@ -140,18 +105,13 @@ RETENTION = (
     *LOCK_HOLDER,
 )
 
-# Per job (its DAG id): everything a run needs, write steps included, checked before the first
-# write. Retention checks in its first task for all three delete steps, so that a run without
-# DELETE on sessions does not first delete every event of the batch.
+# Per DAG id, write steps included: retention checks all three delete steps in its first task.
 REQUIREMENTS: dict[str, tuple[Requirement, ...]] = {
     "news_snapshot_detach_retry": DETACH,
     "news_snapshot_detach_requeue": REQUEUE,
     "calendar_slot_expiration": SLOT_EXPIRATION,
     "user_activity_retention": RETENTION,
 }
-
-
-# -- the pure part ----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -170,22 +130,17 @@ def items(requirements: Sequence[Requirement]) -> list[Item]:
     """What the check query asks, in order (a ``columns`` requirement asks once per column)."""
     out: list[Item] = []
     for index, req in enumerate(requirements):
-        if req.kind == "columns":
-            out += [
-                Item(index, "column", req.schema, req.object, c, req.privilege) for c in req.columns
-            ]
-        elif req.kind == "schema":
-            out.append(Item(index, req.kind, req.name, req.name, "", req.privilege))
-        else:
-            out.append(Item(index, req.kind, req.schema, req.object, "", req.privilege))
+        schema, _, name = req.name.partition(".")
+        kind = "column" if req.kind == "columns" else req.kind
+        for column in req.columns or ("",):
+            out.append(Item(index, kind, schema, name or schema, column, req.privilege))
     return out
 
 
 @dataclass(frozen=True)
 class Shortfall:
-    """A requirement the role does not meet: ``absent`` when its object does not exist (a
-    wrong database, or a schema the services have not migrated), else the privilege is not
-    granted; ``columns`` are the columns without it (a ``columns`` requirement)."""
+    """An unmet requirement: its object is ``absent``, or the privilege is not granted (on
+    ``columns``, for a ``columns`` requirement)."""
 
     requirement: Requirement
     absent: bool = False
@@ -195,28 +150,23 @@ class Shortfall:
 def shortfalls(
     requirements: Sequence[Requirement], answers: Sequence[bool | None]
 ) -> list[Shortfall]:
-    """The requirements the answers (one per :func:`items` row: granted, not, or None for an
-    object that does not exist) leave unmet, in the requirements' order."""
+    """The unmet requirements, in order; ``answers`` has one per :func:`items` row (None: the
+    object does not exist)."""
     asked = items(requirements)
     if len(answers) != len(asked):
         raise ValueError(f"{len(answers)} answers for {len(asked)} questions")
-    by_requirement: dict[int, list[tuple[Item, bool | None]]] = {}
-    for item, answer in zip(asked, answers, strict=True):
-        by_requirement.setdefault(item.requirement, []).append((item, answer))
     out: list[Shortfall] = []
     for index, req in enumerate(requirements):
-        got = by_requirement[index]
-        if any(answer is None for _, answer in got):
+        got = [(i.column, a) for i, a in zip(asked, answers, strict=True) if i.requirement == index]
+        if any(a is None for _, a in got):
             out.append(Shortfall(req, absent=True))
-        elif not all(answer for _, answer in got):
-            cols = tuple(item.column for item, answer in got if not answer and item.column)
-            out.append(Shortfall(req, columns=cols))
+        elif not all(a for _, a in got):
+            out.append(Shortfall(req, columns=tuple(c for c, a in got if not a and c)))
     return out
 
 
 def describe(role: str, shortfall: Shortfall) -> str:
-    """One shortfall in the words of the error, e.g. ``role pin_activity lacks UPDATE on
-    user_activity.sessions (row locks of the batch claim: ...)``."""
+    """One shortfall in the words of the error."""
     req = shortfall.requirement
     if shortfall.absent:
         kind = req.kind if req.kind in ("schema", "function") else "table"
@@ -232,8 +182,7 @@ def describe(role: str, shortfall: Shortfall) -> str:
 
 
 class MissingPrivileges(RuntimeError):
-    """The job's role lacks a privilege the run needs; raised before any write. Its text lists
-    every required privilege missing, and the fix."""
+    """The job's role lacks privileges the run needs; raised before any write."""
 
     alert_event = ALERT  # the task_failed alert that follows names it (one page per event)
 
@@ -243,7 +192,6 @@ class MissingPrivileges(RuntimeError):
         super().__init__(f"{job}: {described}. Nothing was changed: {FIX}")
 
     def alert(self) -> Alert:
-        """The run's one alert: a configuration problem (no data was touched)."""
         n = len(self.missing)
         return Alert(
             ALERT,
@@ -259,14 +207,9 @@ class MissingPrivileges(RuntimeError):
         )
 
 
-# -- the check --------------------------------------------------------------------------------
-
-
 def require(connect: Connect, job: str, telemetry: Telemetry) -> None:
-    """Check the server's version (:mod:`server_version`), then the job's privileges
-    (:data:`REQUIREMENTS`), on one connection of ``connect``, before the run's first statement
-    on a job table. Raise :class:`UnsupportedServer` or :class:`MissingPrivileges` (through
-    ``telemetry.refuse`` when the host has one) after one error line and one alert."""
+    """Check the server's version, then the job's :data:`REQUIREMENTS`, on one connection before
+    the run's first statement on a job table; refuse (alert, then raise) when one fails."""
     reqs = REQUIREMENTS[job]
     asked = items(reqs)
     with telemetry.span(f"{job} privileges"):
@@ -295,24 +238,16 @@ def require(connect: Connect, job: str, telemetry: Telemetry) -> None:
 
 
 def _check_server(job: str, telemetry: Telemetry, version: int) -> None:
+    described, supported = server_version.describe(version), server_version.supported_range()
     if not server_version.is_supported(version):
-        telemetry.log.error(
-            "server_unsupported",
-            server_version=server_version.describe(version),
-            supported=server_version.supported_range(),
-        )
+        telemetry.log.error("server_unsupported", server_version=described, supported=supported)
         _refuse(telemetry, server_version.UnsupportedServer(job, version))
     if server_version.major_of(version) > server_version.SUPPORTED_MAJORS[-1]:
-        telemetry.log.warning(
-            "server_untested",
-            server_version=server_version.describe(version),
-            supported=server_version.supported_range(),
-        )
+        telemetry.log.warning("server_untested", server_version=described, supported=supported)
 
 
 def _refuse(
     telemetry: Telemetry, error: MissingPrivileges | server_version.UnsupportedServer
 ) -> NoReturn:
-    """The refusal's one alert, then its error (as the host fails a refused run)."""
     telemetry.alerts.send(error.alert())
     raise (telemetry.refuse(error) if telemetry.refuse else error) from None
