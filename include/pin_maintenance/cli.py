@@ -1,19 +1,6 @@
-"""Every job's command line, written once: run a job without Airflow.
-
-``python -m include.pin_maintenance.jobs.<job> --db-url ... [--config JSON] [--dry-run]``
-
-Exit codes, the same for every job: 0 done (the result printed as one JSON line on stdout),
-1 the run failed (database, service or batch failure; nothing printed on stdout), 2 invalid
-arguments or config (nothing written: the config is checked before anything connects),
-3 cancelled by SIGTERM after a clean stop between batches. Log lines go to stderr. A role
-without a privilege the job needs, or a PostgreSQL older than the jobs support, is a
-configuration error too (exit 2, naming it).
-
-``--db-url`` never carries a password: any local user can read another process's command line
-(``ps``), so one is refused before anything connects. The password comes from libpq's own
-sources (``PGPASSWORD``, a password file, a connection service) or from the environment
-variable named by ``--db-password-env``.
-"""
+"""Every job's command line, written once: ``python -m include.pin_maintenance.jobs.<job>
+--db-url ... [--config JSON] [--dry-run]`` runs a job without Airflow (docs/jobs.md, "Running a
+job without Airflow"; exit codes: docs/design.md, "Layout of the job package")."""
 
 from __future__ import annotations
 
@@ -55,7 +42,7 @@ class CliRun:
     """What a job's CLI body gets: parsed arguments, validated config and the run's parts."""
 
     args: argparse.Namespace
-    config: JobConfig  # the job's typed config (its ConfigSpec.resolve)
+    config: JobConfig
     connect: Connect
     telemetry: Telemetry
     stop: StopSignal
@@ -64,7 +51,8 @@ class CliRun:
 
 @dataclass(frozen=True)
 class JobCli:
-    """One job's CLI: its spec, what its database is, its own arguments and its run."""
+    """One job's CLI: its spec, database, arguments and run; the optional hooks add arguments,
+    derive the session settings from them, and give the one stdout line of exit 3."""
 
     spec: JobSpec
     module: str  # ``python -m`` path, for the usage line
@@ -73,28 +61,23 @@ class JobCli:
     session: SessionSettings
     run: Callable[[CliRun], Mapping[str, Any]]  # returns the result dict to print
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
-    # session settings that depend on the job's own arguments (None: ``session`` as it is)
     session_for: Callable[[argparse.Namespace], SessionSettings] | None = None
-    # printed as the one stdout line on exit 3, for a CLI whose callers read one there
     cancelled_output: Mapping[str, Any] | None = None
 
 
 def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
     """Parse, validate, run once; print the result and return the exit code."""
-    # Not __name__: under ``python -m`` that is "__main__" (the usage line must be pasteable).
     parser = argparse.ArgumentParser(
         prog=f"python -m {cli.module}",
         description=cli.description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_db_arguments(parser, what=cli.database)
-    parser.add_argument(
-        "--config", default=None, help='JSON object of config keys, e.g. {"batch_size": 100}'
-    )
+    parser.add_argument("--config", help='JSON object of config keys, e.g. {"batch_size": 100}')
     parser.add_argument(
         "--dry-run", action="store_true", help="report what would change; change nothing"
     )
-    parser.add_argument("--run-id", default=None, help="correlation id of the log lines")
+    parser.add_argument("--run-id", help="correlation id of the log lines")
     if cli.add_arguments is not None:
         cli.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -106,16 +89,12 @@ def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
     session = cli.session_for(args) if cli.session_for is not None else cli.session
     stop = StopSignal()
     try:
-        run = CliRun(
-            args=args,
-            config=cli.spec.config.resolve(args.config, None, variable_source="--config"),
-            connect=configured(lambda: psycopg.connect(conninfo), session),
-            telemetry=Telemetry.local(log),
-            stop=stop,
-            dry_run=args.dry_run,
-        )
+        config = cli.spec.config.resolve(args.config, None, variable_source="--config")
+        connect = configured(lambda: psycopg.connect(conninfo), session)
         with stop.on_sigterm():
-            result = cli.run(run)
+            result = cli.run(
+                CliRun(args, config, connect, Telemetry.local(log), stop, args.dry_run)
+            )
     except JobCancelled:  # the lifecycle logged job_cancelled
         if cli.cancelled_output is not None:
             print(json.dumps(dict(cli.cancelled_output), sort_keys=True), flush=True)
@@ -147,18 +126,13 @@ def add_db_arguments(parser: argparse.ArgumentParser, *, what: str) -> None:
     parser.add_argument(
         "--db-password-env",
         metavar="VAR",
-        default=None,
         help="name of an environment variable that holds the database password",
     )
 
 
 def db_conninfo(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
-    """The connection string to connect with, or exit 2 through ``parser.error``.
-
-    Refuses a URL (or key=value string) that carries a password, naming what to use instead;
-    the refused value is never echoed. With ``--db-password-env`` the password is added here,
-    in memory only.
-    """
+    """The connection string, or exit 2 (``parser.error``) for one that carries a password (never
+    echoed); ``--db-password-env``'s password is added here, in memory only."""
     url = args.db_url
     try:
         params = conninfo_to_dict(url)
