@@ -1,11 +1,5 @@
-"""The PostgreSQL majors the jobs run on, and the refusal of an older one, before a run's first
-statement (docs/deploying.md, "Supported PostgreSQL").
-
-The lowest is 15: the majors the PostgreSQL community supports today. The jobs' SQL is written
-to mean the same on each of them; the suite runs it on a server of every one (docs/testing.md).
-The version comes from the connection's startup packet (``server_version``), so the check
-costs no statement and runs before anything touches a job table.
-"""
+"""The PostgreSQL majors the jobs run on, and the refusal of an older one before a run's first
+statement (docs/deploying.md, "Supported PostgreSQL")."""
 
 from __future__ import annotations
 
@@ -30,15 +24,12 @@ def supported_range() -> str:
 
 
 def is_supported(server_version: int) -> bool:
-    """A lower major is refused. A higher one runs (with a warning, :mod:`privileges`): a
-    refusal would stop every job on the day a database is upgraded, for SQL that has so far
-    always kept its meaning from one major to the next."""
+    """A lower major is refused; a higher one runs (with a warning: deploying.md says why)."""
     return major_of(server_version) >= SUPPORTED_MAJORS[0]
 
 
 class UnsupportedServer(RuntimeError):
-    """The job's database runs a PostgreSQL major older than :data:`SUPPORTED_MAJORS`; raised
-    before the run's first statement, so nothing was read or changed."""
+    """The job's database runs a major older than :data:`SUPPORTED_MAJORS`; nothing was read."""
 
     alert_event = ALERT  # the task_failed alert that follows names it (one page per event)
 

@@ -1,8 +1,5 @@
-"""Named SQL queries kept as files under ``include/sql/`` (``<job>/<verb_object>.sql``).
-
-Queries use psycopg's ``%(name)s`` placeholders only; values are always bound, never formatted
-into the text, and identifiers are written in the files themselves.
-"""
+"""Named SQL queries kept as files ``include/sql/<area>/<verb_object>.sql``: values bound through
+``%(name)s`` placeholders, never formatted in; identifiers written in the files themselves."""
 
 from __future__ import annotations
 
@@ -25,7 +22,6 @@ def load(name: str) -> str:
         raise UnknownQuery(f"invalid query name {name!r}: use lower_snake path segments")
     path = SQL_DIR / f"{name}.sql"
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UnknownQuery(f"no SQL file {path.relative_to(SQL_DIR.parent)}") from None
-    return text

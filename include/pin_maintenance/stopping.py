@@ -14,17 +14,11 @@ class JobCancelled(RuntimeError):
 
 
 class StopSignal:
-    """A thread-safe "please stop" flag, set by SIGTERM or by a caller.
-
-    A signal made with a ``parent`` is also set while its parent is: a job's side loops stop
-    on the run's own stop (SIGTERM) or on their own (a sibling loop failed). A parent sets its
-    children's events too, so :meth:`wait` on a child wakes on either.
-    """
+    """A thread-safe "please stop" flag, set by SIGTERM or by a caller; a child (``parent``
+    given) is set by its own :meth:`set` or its parent's, and :meth:`wait` wakes on either."""
 
     def __init__(self, parent: StopSignal | None = None) -> None:
-        self._event = threading.Event()
-        self._reason = ""
-        self._parent = parent
+        self._event, self._reason, self._parent = threading.Event(), "", parent
         self._children: list[StopSignal] = []
         if parent is not None:
             parent._children.append(self)
@@ -52,13 +46,8 @@ class StopSignal:
 
     @contextmanager
     def on_sigterm(self) -> Iterator[StopSignal]:
-        """Set this signal on SIGTERM while inside the block, then chain to the old handler.
-
-        Airflow's task runner answers SIGTERM by calling ``on_kill`` and carries on; the
-        supervisor kills the process after a grace period. Chaining keeps Airflow's behaviour
-        and lets the job finish or roll back the batch in hand instead of dying mid-statement.
-        Only the main thread may install handlers; elsewhere this is a no-op.
-        """
+        """Set this signal on SIGTERM inside the block, then chain to the old handler (Airflow's
+        ``on_kill``); a no-op off the main thread, which alone may install handlers."""
         if threading.current_thread() is not threading.main_thread():
             yield self
             return
