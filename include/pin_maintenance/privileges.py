@@ -126,6 +126,10 @@ class Item:
     privilege: str
 
 
+# the check query's parameters: one array per field (kinds, schemas, names, columns, privileges)
+_QUERY_FIELDS = ("kind", "schema", "name", "column", "privilege")
+
+
 def items(requirements: Sequence[Requirement]) -> list[Item]:
     """What the check query asks, in order (a ``columns`` requirement asks once per column)."""
     out: list[Item] = []
@@ -216,16 +220,8 @@ def require(connect: Connect, job: str, telemetry: Telemetry) -> None:
         conn = connect()
         try:
             _check_server(job, telemetry, conn.info.server_version)
-            rows = conn.execute(
-                sql.load("privileges/check_role_privileges"),
-                {
-                    "kinds": [i.kind for i in asked],
-                    "schemas": [i.schema for i in asked],
-                    "names": [i.name for i in asked],
-                    "columns": [i.column for i in asked],
-                    "privileges": [i.privilege for i in asked],
-                },
-            ).fetchall()
+            arrays = {f"{f}s": [getattr(i, f) for i in asked] for f in _QUERY_FIELDS}
+            rows = conn.execute(sql.load("privileges/check_role_privileges"), arrays).fetchall()
             conn.rollback()
         finally:
             conn.close()
