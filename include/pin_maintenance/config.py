@@ -174,11 +174,8 @@ class ConfigSpec(Generic[C]):
         variable_source: str | None = None,
         rules: Sequence[Rule] = (),
     ) -> C:
-        """Merge defaults, the Variable (JSON text or mapping) and params, and validate them.
-
-        A ``None`` param means "not given". ``variable_source`` names the JSON's origin when it
-        is not the Variable (a CLI's ``--config``); ``rules`` add a caller's limits.
-        """
+        """Merge defaults, the Variable (JSON or mapping) and params (``None``: not given) and
+        validate them; ``variable_source`` names a JSON not from the Variable (``--config``)."""
         where = variable_source or f"Variable {self.job}"
         by_name = {s.name: s for s in self.settings}
         given: dict[str, Any] = {s.name: s.default for s in self.settings}  # as given: quoted

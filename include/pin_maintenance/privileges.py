@@ -12,8 +12,6 @@ from include.pin_maintenance import server_version, sql
 from include.pin_maintenance.db import Connect
 from include.pin_maintenance.telemetry import Alert, Telemetry
 
-Kind = Literal["schema", "table", "any_column", "columns", "function"]
-
 ALERT = "database_privileges_missing"
 GRANT_SCRIPT = "include/sql/schema/job_roles.sql"
 FIX = (
@@ -26,7 +24,7 @@ FIX = (
 class Requirement:
     """``privilege`` on ``name`` (``schema.object``), and what the job needs it for."""
 
-    kind: Kind
+    kind: Literal["schema", "table", "any_column", "columns", "function"]
     privilege: str
     name: str
     purpose: str
@@ -192,8 +190,8 @@ class MissingPrivileges(RuntimeError):
 
     def __init__(self, job: str, role: str, missing: Sequence[Shortfall]) -> None:
         self.job, self.role, self.missing = job, role, tuple(missing)
-        described = "; ".join(describe(role, s) for s in missing)
-        super().__init__(f"{job}: {described}. Nothing was changed: {FIX}")
+        self.described = [describe(role, s) for s in self.missing]
+        super().__init__(f"{job}: {'; '.join(self.described)}. Nothing was changed: {FIX}")
 
     def alert(self) -> Alert:
         n = len(self.missing)
@@ -205,7 +203,7 @@ class MissingPrivileges(RuntimeError):
             {
                 "problem": "configuration",
                 "role": self.role,
-                "missing": [describe(self.role, s) for s in self.missing],
+                "missing": list(self.described),
                 "fix": GRANT_SCRIPT,
             },
         )
@@ -228,9 +226,9 @@ def require(connect: Connect, job: str, telemetry: Telemetry) -> None:
         role = str(rows[0][2])
         missing = shortfalls(reqs, [row[1] for row in rows])
         if missing:
-            described = "; ".join(describe(role, s) for s in missing)
-            telemetry.log.error("privileges_missing", role=role, missing=described)
-            _refuse(telemetry, MissingPrivileges(job, role, missing))
+            error = MissingPrivileges(job, role, missing)
+            telemetry.log.error("privileges_missing", role=role, missing="; ".join(error.described))
+            _refuse(telemetry, error)
 
 
 def _check_server(job: str, telemetry: Telemetry, version: int) -> None:

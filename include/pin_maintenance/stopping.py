@@ -27,9 +27,7 @@ class StopSignal:
 
     @property
     def reason(self) -> str:
-        if self._reason or self._parent is None:
-            return self._reason
-        return self._parent.reason
+        return self._reason or (self._parent.reason if self._parent is not None else "")
 
     def set(self, reason: str = "stop requested") -> None:
         self._reason = reason
