@@ -91,10 +91,9 @@ def main(cli: JobCli, argv: Sequence[str] | None = None) -> int:
     try:
         config = cli.spec.config.resolve(args.config, None, variable_source="--config")
         connect = configured(lambda: psycopg.connect(conninfo), session)
+        run = CliRun(args, config, connect, Telemetry.local(log), stop, args.dry_run)
         with stop.on_sigterm():
-            result = cli.run(
-                CliRun(args, config, connect, Telemetry.local(log), stop, args.dry_run)
-            )
+            result = cli.run(run)
     except JobCancelled:  # the lifecycle logged job_cancelled
         if cli.cancelled_output is not None:
             print(json.dumps(dict(cli.cancelled_output), sort_keys=True), flush=True)
