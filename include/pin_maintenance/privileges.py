@@ -170,10 +170,10 @@ def shortfalls(
 def describe(role: str, shortfall: Shortfall) -> str:
     """One shortfall in the words of the error."""
     req = shortfall.requirement
+    named = req.kind in ("schema", "function")  # said with their kind: "schema news"
     if shortfall.absent:
-        kind = req.kind if req.kind in ("schema", "function") else "table"
-        return f"{kind} {req.name} does not exist ({req.purpose})"
-    target = f"{req.kind} {req.name}" if req.kind in ("schema", "function") else req.name
+        return f"{req.kind if named else 'table'} {req.name} does not exist ({req.purpose})"
+    target = f"{req.kind} {req.name}" if named else req.name
     purpose = req.purpose
     if req.kind == "any_column":
         purpose += ": a row lock needs UPDATE on at least one column"
