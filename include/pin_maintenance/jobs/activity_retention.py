@@ -392,8 +392,10 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _run(args: cli.CliRun) -> dict[str, Any]:
-    return run(args.connect, args.config, args.telemetry, args.stop, dry_run=args.dry_run).as_dict()
+def _run(cli_run: cli.CliRun) -> dict[str, Any]:
+    return run(
+        cli_run.connect, cli_run.config, cli_run.telemetry, cli_run.stop, dry_run=cli_run.dry_run
+    ).as_dict()
 
 
 CLI = cli.JobCli(

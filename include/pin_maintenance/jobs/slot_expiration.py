@@ -358,8 +358,10 @@ def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
 
-def _run(run_: cli.CliRun) -> Mapping[str, Any]:
-    return run(run_.connect, run_.config, run_.telemetry, run_.stop, dry_run=run_.dry_run).as_dict()
+def _run(cli_run: cli.CliRun) -> Mapping[str, Any]:
+    return run(
+        cli_run.connect, cli_run.config, cli_run.telemetry, cli_run.stop, dry_run=cli_run.dry_run
+    ).as_dict()
 
 
 CLI = cli.JobCli(
