@@ -342,6 +342,141 @@ def run(
 
 
 @dataclass
+class _Outcomes:
+    """What a run records of its calls: the rows' outcomes, the result's counters, and each
+    outcome's metrics, log line and alert."""
+
+    result: DetachResult
+    telemetry: Telemetry
+    alerts: PoolAlerts
+    now: Callable[[], datetime]
+
+    def __post_init__(self) -> None:
+        self.log, self.metrics = self.telemetry.log, self.telemetry.metrics
+        self.quarantine_alerts = CappedAlerts(self.alerts)
+
+    def record(
+        self, conn: psycopg.Connection, decisions: Sequence[tuple[ClaimedRow, Decision]]
+    ) -> None:
+        """Write the outcomes, then account for those whose claim still held."""
+        now = self.now()
+        plans = sorted(
+            (plan_outcome(row, decision, now) for row, decision in decisions),
+            key=lambda p: p.row.id,
+        )
+        applied = self._write_all_or_each(conn, plans, now)
+        detached: list[OutcomePlan] = []
+        for plan in plans:
+            if plan.row.id not in applied:
+                self.result.superseded += 1
+                self.log.warning(
+                    "entry_outcome_superseded",
+                    snapshot_id=plan.row.snapshot_id,
+                    attempts=plan.row.attempts,
+                    outcome=plan.decision.verdict,
+                )
+                continue
+            self._account_for(plan, now)
+            if plan.decision.verdict is Verdict.DONE:
+                detached.append(plan)
+        if detached:  # one line per batch: under Airflow every line crosses the supervisor
+            self.metrics.incr(Metric.SUCCEEDED, len(detached))
+            self.log.info(
+                "entries_detached",
+                count=len(detached),
+                snapshot_ids=",".join(p.row.snapshot_id for p in detached),
+                attempts=",".join(str(p.row.attempts) for p in detached),
+            )
+
+    def _write_all_or_each(
+        self, conn: psycopg.Connection, plans: Sequence[OutcomePlan], now: datetime
+    ) -> set[str]:
+        """The ids written: in one transaction, or row by row when that failed."""
+        try:
+            return record_detach_outcomes(conn, plans, now)
+        except psycopg.OperationalError:
+            raise  # the database is gone: the task fails, Airflow retries it
+        except psycopg.Error as exc:
+            self.log.error("batch_outcome_failed", rows=len(plans), error=type(exc).__name__)
+        applied: set[str] = set()
+        for plan in plans:
+            try:
+                applied |= record_detach_outcomes(conn, [plan], now)
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as row_exc:
+                self.log.error(
+                    "entry_outcome_failed",
+                    snapshot_id=plan.row.snapshot_id,
+                    error=type(row_exc).__name__,
+                )
+        return applied
+
+    def _account_for(self, plan: OutcomePlan, now: datetime) -> None:
+        """One written outcome: the result's counters, its metrics, log line and alert."""
+        row, decision, r = plan.row, plan.decision, self.result
+        verdict, error = decision.verdict, decision.error
+        if decision.is_failed_call:
+            r.failed += 1
+            self.metrics.incr(Metric.FAILED)
+        r.given_back += verdict in GIVEN_BACK
+        if verdict is Verdict.DONE:
+            r.succeeded += 1  # counted and logged per batch by record()
+            self.metrics.timing(Metric.LAG, max(now - row.created_at, timedelta(0)))
+            self.log.debug("entry_detached", snapshot_id=row.snapshot_id, attempts=row.attempts)
+        elif verdict is Verdict.RETRY:
+            r.retried += 1
+            self.metrics.incr(Metric.RETRIED)
+            self.log.info(
+                "entry_retry",
+                snapshot_id=row.snapshot_id,
+                attempts=row.attempts,
+                error_code=error,
+                next_attempt_at=plan.next_attempt_at.isoformat(),
+            )
+        elif verdict is Verdict.OUTAGE:
+            r.outage_calls += 1
+            self.log.info(
+                "entry_outage",
+                snapshot_id=row.snapshot_id,
+                attempts=row.attempts - 1,
+                error_code=error,
+                next_attempt_at=plan.next_attempt_at.isoformat(),
+            )
+        elif verdict is Verdict.MISROUTED:
+            r.misroute_calls += 1
+            self.log.info("entry_misrouted", snapshot_id=row.snapshot_id, attempts=row.attempts - 1)
+        elif verdict is Verdict.NOT_CALLED:
+            self.log.info(
+                "entry_not_called", snapshot_id=row.snapshot_id, attempts=row.attempts - 1
+            )
+        elif verdict is Verdict.QUARANTINE:
+            r.quarantined += 1
+            self.metrics.incr(Metric.QUARANTINED)
+            self.log.warning(
+                "entry_quarantined",
+                snapshot_id=row.snapshot_id,
+                reason=row.reason,
+                attempts=row.attempts,
+                error_code=error,
+            )
+            details = {"snapshot_id": row.snapshot_id, "post_id": row.post_id}
+            details |= {"reason": row.reason, "attempts": row.attempts}
+            text = (
+                f"snapshot {row.snapshot_id} quarantined after {row.attempts} attempt(s): {error}"
+            )
+            self.quarantine_alerts.send(Alert(QUARANTINED_ALERT, "warning", text, details))
+        elif not r.auth_failed:  # the first refused call of the run logs and alerts
+            r.auth_failed = True
+            self.log.error("selections_auth_failed", error_code=error)
+            text = (
+                f"selections rejected our credentials ({error}); detach calls stopped for this "
+                "run, no attempts consumed. Check the selections_api connection."
+            )
+            self.alerts.send(Alert(AUTH_ALERT, "critical", text, {"error": error}))
+
+
+@dataclass
 class _Run:
     """One run: its lifecycle, the batch pipeline (claim ahead, call, record) and its end."""
 
@@ -368,7 +503,7 @@ class _Run:
         self.calls: CallWorkers | None = None
         self.aborted = False  # the main thread failed: no new call starts
         self.result = DetachResult()
-        self.quarantine_alerts = CappedAlerts(self.alerts)
+        self.outcomes = _Outcomes(self.result, telemetry, self.alerts, self.now)
         self.lifecycle: JobRun | None = None
 
     def __call__(self, lifecycle: JobRun, dry_run: bool) -> DetachResult:
@@ -535,7 +670,7 @@ class _Run:
         if not rows:
             return
         decisions = [(row, self._decide(row, batch)) for row in rows]
-        self._record(conn, decisions)
+        self.outcomes.record(conn, decisions)
         batch.recorded.update(d.verdict for _, d in decisions)
         recorded = {row.id for row in rows}
         batch.rows = [r for r in batch.rows if r.id not in recorded]
@@ -563,126 +698,6 @@ class _Run:
 
     # -- outcomes ------------------------------------------------------------------------
 
-    def _record(
-        self, conn: psycopg.Connection, decisions: Sequence[tuple[ClaimedRow, Decision]]
-    ) -> None:
-        """Write the outcomes, then account for those whose claim still held."""
-        now = self.now()
-        plans = sorted(
-            (plan_outcome(row, decision, now) for row, decision in decisions),
-            key=lambda p: p.row.id,
-        )
-        applied = self._write_all_or_each(conn, plans, now)
-        detached: list[OutcomePlan] = []
-        for plan in plans:
-            if plan.row.id not in applied:
-                self.result.superseded += 1
-                self.log.warning(
-                    "entry_outcome_superseded",
-                    snapshot_id=plan.row.snapshot_id,
-                    attempts=plan.row.attempts,
-                    outcome=plan.decision.verdict,
-                )
-                continue
-            self._account_for(plan, now)
-            if plan.decision.verdict is Verdict.DONE:
-                detached.append(plan)
-        if detached:  # one line per batch: under Airflow every line crosses the supervisor
-            self.metrics.incr(Metric.SUCCEEDED, len(detached))
-            self.log.info(
-                "entries_detached",
-                count=len(detached),
-                snapshot_ids=",".join(p.row.snapshot_id for p in detached),
-                attempts=",".join(str(p.row.attempts) for p in detached),
-            )
-
-    def _write_all_or_each(
-        self, conn: psycopg.Connection, plans: Sequence[OutcomePlan], now: datetime
-    ) -> set[str]:
-        """The ids written: in one transaction, or row by row when that failed."""
-        try:
-            return record_detach_outcomes(conn, plans, now)
-        except psycopg.OperationalError:
-            raise  # the database is gone: the task fails, Airflow retries it
-        except psycopg.Error as exc:
-            self.log.error("batch_outcome_failed", rows=len(plans), error=type(exc).__name__)
-        applied: set[str] = set()
-        for plan in plans:
-            try:
-                applied |= record_detach_outcomes(conn, [plan], now)
-            except psycopg.OperationalError:
-                raise
-            except psycopg.Error as row_exc:
-                self.log.error(
-                    "entry_outcome_failed",
-                    snapshot_id=plan.row.snapshot_id,
-                    error=type(row_exc).__name__,
-                )
-        return applied
-
-    def _account_for(self, plan: OutcomePlan, now: datetime) -> None:
-        """One written outcome: the result's counters, its metrics, log line and alert."""
-        row, decision, r = plan.row, plan.decision, self.result
-        verdict, error = decision.verdict, decision.error
-        if decision.is_failed_call:
-            r.failed += 1
-            self.metrics.incr(Metric.FAILED)
-        r.given_back += verdict in GIVEN_BACK
-        if verdict is Verdict.DONE:
-            r.succeeded += 1  # counted and logged per batch by record()
-            self.metrics.timing(Metric.LAG, max(now - row.created_at, timedelta(0)))
-            self.log.debug("entry_detached", snapshot_id=row.snapshot_id, attempts=row.attempts)
-        elif verdict is Verdict.RETRY:
-            r.retried += 1
-            self.metrics.incr(Metric.RETRIED)
-            self.log.info(
-                "entry_retry",
-                snapshot_id=row.snapshot_id,
-                attempts=row.attempts,
-                error_code=error,
-                next_attempt_at=plan.next_attempt_at.isoformat(),
-            )
-        elif verdict is Verdict.OUTAGE:
-            r.outage_calls += 1
-            self.log.info(
-                "entry_outage",
-                snapshot_id=row.snapshot_id,
-                attempts=row.attempts - 1,
-                error_code=error,
-                next_attempt_at=plan.next_attempt_at.isoformat(),
-            )
-        elif verdict is Verdict.MISROUTED:
-            r.misroute_calls += 1
-            self.log.info("entry_misrouted", snapshot_id=row.snapshot_id, attempts=row.attempts - 1)
-        elif verdict is Verdict.NOT_CALLED:
-            self.log.info(
-                "entry_not_called", snapshot_id=row.snapshot_id, attempts=row.attempts - 1
-            )
-        elif verdict is Verdict.QUARANTINE:
-            r.quarantined += 1
-            self.metrics.incr(Metric.QUARANTINED)
-            self.log.warning(
-                "entry_quarantined",
-                snapshot_id=row.snapshot_id,
-                reason=row.reason,
-                attempts=row.attempts,
-                error_code=error,
-            )
-            details = {"snapshot_id": row.snapshot_id, "post_id": row.post_id}
-            details |= {"reason": row.reason, "attempts": row.attempts}
-            text = (
-                f"snapshot {row.snapshot_id} quarantined after {row.attempts} attempt(s): {error}"
-            )
-            self.quarantine_alerts.send(Alert(QUARANTINED_ALERT, "warning", text, details))
-        elif not r.auth_failed:  # the first refused call of the run logs and alerts
-            r.auth_failed = True
-            self.log.error("selections_auth_failed", error_code=error)
-            text = (
-                f"selections rejected our credentials ({error}); detach calls stopped for this "
-                "run, no attempts consumed. Check the selections_api connection."
-            )
-            self.alerts.send(Alert(AUTH_ALERT, "critical", text, {"error": error}))
-
     # -- after the last batch --------------------------------------------------------------
 
     def _report(self, pipeline_reason: StopReason | str | None) -> None:
@@ -700,7 +715,7 @@ class _Run:
         if gate.retry_after_stopped and not r.breaker_open:
             self.log.warning("calls_paused_past_run_bound", throttled=r.throttled)
         quarantined = r.quarantined
-        self.quarantine_alerts.summarize(
+        self.outcomes.quarantine_alerts.summarize(
             lambda sent, suppressed: Alert(
                 QUARANTINED_ALERT,
                 "warning",
