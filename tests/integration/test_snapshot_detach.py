@@ -572,6 +572,8 @@ def test_a_slow_call_holds_back_only_its_own_row(db):
     assert all(state[e.snapshot_id].status == "Done" for e in [slow, *same_batch, *later_batches])
     slow_recorded = state[slow.snapshot_id].updated_at
     assert max(state[e.snapshot_id].updated_at for e in later_batches) < slow_recorded
+    # its own batch's answered rows too: the full pipeline recorded them without it
+    assert max(state[e.snapshot_id].updated_at for e in same_batch) < slow_recorded
 
 
 def test_max_run_duration_stops_between_batches(db, service):
