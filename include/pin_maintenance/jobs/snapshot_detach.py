@@ -231,8 +231,19 @@ def claim_due_entries(
         rows = []
         for rid, snapshot_id, post_id, reason, attempts, next_at, created_at in found:
             due = now + timedelta(seconds=backoff.delay_with_jitter(attempts + 1, rng.uniform))
-            ids = (str(rid), str(snapshot_id), str(post_id))
-            rows.append(ClaimedRow(*ids, reason, attempts + 1, next_at, due, now, created_at))
+            rows.append(
+                ClaimedRow(
+                    id=str(rid),
+                    snapshot_id=str(snapshot_id),
+                    post_id=str(post_id),
+                    reason=reason,
+                    attempts=attempts + 1,
+                    previous_next_attempt_at=next_at,
+                    next_attempt_at=due,
+                    claimed_at=now,
+                    created_at=created_at,
+                )
+            )
         if rows:
             conn.execute(
                 sql.load("news/claim_due_entries"),
@@ -460,8 +471,12 @@ class _Outcomes:
                 attempts=row.attempts,
                 error_code=error,
             )
-            details = {"snapshot_id": row.snapshot_id, "post_id": row.post_id}
-            details |= {"reason": row.reason, "attempts": row.attempts}
+            details = {
+                "snapshot_id": row.snapshot_id,
+                "post_id": row.post_id,
+                "reason": row.reason,
+                "attempts": row.attempts,
+            }
             text = (
                 f"snapshot {row.snapshot_id} quarantined after {row.attempts} attempt(s): {error}"
             )
@@ -739,8 +754,12 @@ class _Run:
                 f"{limit} row(s) were quarantined; calls stopped for this run and every other "
                 "row cost no attempt. Check the selections_api connection."
             )
-            details = {"quarantined_404": quarantined_404, "misroute_calls": r.misroute_calls}
-            details |= {"given_back": r.given_back, "limit": limit}
+            details = {
+                "quarantined_404": quarantined_404,
+                "misroute_calls": r.misroute_calls,
+                "given_back": r.given_back,
+                "limit": limit,
+            }
             self.alerts.send(Alert(MISROUTE_ALERT, "critical", text, details))
         if r.breaker_open:
             self.metrics.incr(Metric.BREAKER_OPEN)
@@ -749,8 +768,12 @@ class _Run:
                 f"for this run after {r.calls} call(s), {r.outage_calls} of them and every row "
                 "not called cost no attempt. The next run probes again."
             )
-            details = {"consecutive_failures": r.breaker_failures, "calls": r.calls}
-            details |= {"outage_calls": r.outage_calls, "given_back": r.given_back}
+            details = {
+                "consecutive_failures": r.breaker_failures,
+                "calls": r.calls,
+                "outage_calls": r.outage_calls,
+                "given_back": r.given_back,
+            }
             self.alerts.send(Alert(OUTAGE_ALERT, "warning", text, details))
 
     # -- end of run ------------------------------------------------------------------------
