@@ -147,6 +147,35 @@ def xdist_group(nodeid: str) -> str:
     return STACK_GROUP if stacks and path not in STACK_FREE else path
 
 
+# Session fixtures stopped right after the last test (in a row) that uses them, not at the end
+# of the session: the worker that runs the stack tiers goes on to other modules, and a stack
+# idling on would take CPU from them and, polling its metadata database, count as another
+# session on that worker's server (the pacing tests' "alone" would not be). In this order: the
+# UI stack before the browser its pages run in.
+STOP_AFTER_LAST_USE = ("airflow_e2e", "bundle_e2e", "chain_airflow", "ui_airflow", "browser")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test (in a row) that uses one of :data:`STOP_AFTER_LAST_USE`, stop it.
+
+    ``FixtureDef.finish`` runs the fixture's teardown now (and its dependents' first) and
+    forgets its value, so a later test that asks for it again (a ``-k`` selection, another
+    order) gets a new one.
+    """
+    infos = getattr(item, "_fixtureinfo", None)
+    request = getattr(item, "_request", None)
+    if infos is None or request is None:
+        return
+    for name in STOP_AFTER_LAST_USE:
+        if name not in item.fixturenames:
+            continue
+        if nextitem is not None and name in nextitem.fixturenames:
+            continue
+        for fixturedef in infos.name2fixturedefs.get(name, ()):
+            fixturedef.finish(request)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``--dist loadgroup`` with the groups of :func:`xdist_group`.

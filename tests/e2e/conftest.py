@@ -36,9 +36,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     environment.skip_without_embedded_postgres("the end-to-end tier")
 
 
-# The session's shared stacks, in the order their tests run. Each is stopped right after the
-# last test that uses it (pytest_runtest_teardown), not at the end of the session: stacks
-# that idle on until then would take CPU from the ones still in use on two cores.
+# The session's shared stacks, in the order their tests run: each is stopped right after the
+# last test that uses it (tests/conftest.py, STOP_AFTER_LAST_USE).
 SHARED_STACKS = ("airflow_e2e", "bundle_e2e", "chain_airflow")
 
 
@@ -60,23 +59,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     e2e = sorted((items[i] for i in positions), key=key)  # stable: file order within
     for i, item in zip(positions, e2e, strict=True):
         items[i] = item
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
-    """After the last test (in a row) that uses a shared stack, stop that stack.
-
-    ``FixtureDef.finish`` runs the fixture's teardown now and forgets its value, so a later
-    test that asks for the stack again (a ``-k`` selection, another order) gets a new one.
-    """
-    infos = getattr(item, "_fixtureinfo", None)
-    request = getattr(item, "_request", None)
-    if infos is None or request is None:
-        return
-    for name in SHARED_STACKS:
-        if name not in item.fixturenames:
-            continue
-        if nextitem is not None and name in nextitem.fixturenames:
-            continue
-        for fixturedef in infos.name2fixturedefs.get(name, ()):
-            fixturedef.finish(request)
