@@ -711,8 +711,6 @@ class _Run:
             "breaker_open", consecutive_failures=breaker.failures_at_open, error_code=answer.error
         )
 
-    # -- outcomes ------------------------------------------------------------------------
-
     # -- after the last batch --------------------------------------------------------------
 
     def _report(self, pipeline_reason: StopReason | str | None) -> None:
