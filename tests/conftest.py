@@ -152,7 +152,8 @@ def xdist_group(nodeid: str) -> str:
 # idling on would take CPU from them and, polling its metadata database, count as another
 # session on that worker's server (the pacing tests' "alone" would not be). In this order: the
 # UI stack before the browser its pages run in.
-STOP_AFTER_LAST_USE = ("airflow_e2e", "bundle_e2e", "chain_airflow", "ui_airflow", "browser")
+E2E_STACKS = ("airflow_e2e", "bundle_e2e", "chain_airflow")  # the order their tests run in
+STOP_AFTER_LAST_USE = (*E2E_STACKS, "ui_airflow", "browser")
 
 
 @pytest.hookimpl(trylast=True)

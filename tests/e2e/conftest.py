@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests import environment
+from tests.conftest import E2E_STACKS
 from tests.e2e.bundle_fixtures import bundle_e2e, origin
 from tests.e2e.chain_fixtures import chain_airflow, chain_ports, chain_tools, otlp
 from tests.e2e.stack_fixtures import airflow_e2e, e2e_job_server, e2e_selections
@@ -36,11 +37,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     environment.skip_without_embedded_postgres("the end-to-end tier")
 
 
-# The session's shared stacks, in the order their tests run: each is stopped right after the
-# last test that uses it (tests/conftest.py, STOP_AFTER_LAST_USE).
-SHARED_STACKS = ("airflow_e2e", "bundle_e2e", "chain_airflow")
-
-
 def _is_e2e(item: pytest.Item) -> bool:
     return "tests/e2e/" in str(item.fspath).replace("\\", "/")
 
@@ -53,8 +49,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[i].add_marker(pytest.mark.e2e)
 
     def key(item: pytest.Item) -> int:
-        used = [n for n, name in enumerate(SHARED_STACKS) if name in item.fixturenames]
-        return used[0] if used else len(SHARED_STACKS)
+        used = [n for n, name in enumerate(E2E_STACKS) if name in item.fixturenames]
+        return used[0] if used else len(E2E_STACKS)
 
     e2e = sorted((items[i] for i in positions), key=key)  # stable: file order within
     for i, item in zip(positions, e2e, strict=True):
