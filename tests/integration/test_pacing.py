@@ -186,7 +186,8 @@ def test_a_monitor_that_polled_just_before_the_start_does_not_make_the_database_
 
     def monitor_only(conn, own_pids, clock):
         now = clock()
-        polled_at[:] = polled_at or [now]
+        if not polled_at:
+            polled_at.append(now)
         reading = dataclasses.replace(
             real_read(conn, own_pids, clock), others_active=now - polled_at[0] < 0.05
         )
