@@ -11,8 +11,8 @@ suite can check that it starts and passes there:
   that exist), reinstalled whenever their files change.
 
 The venv lives in ``.local/image-env/<key>`` where the key hashes the requirement files, the
-pytest pin and the Python version; a later call with the same inputs reuses it (pip's wheel
-cache makes a rebuild about a minute). Older keys are removed when a new one is built.
+pytest pin and the Python version; a later call with the same inputs reuses it (a build takes
+about half a minute here, pip's cache warm). Older keys are removed when a new one is built.
 
     python -m devtools.image_env build            # build or reuse it, print its path
     python -m devtools.image_env pytest [ARGS]    # pytest there, as astro dev pytest would
@@ -96,6 +96,9 @@ def build(root: Path = ROOT) -> Path:
                 if old.is_dir():
                     shutil.rmtree(old, ignore_errors=True)
             _run([sys.executable, "-m", "venv", str(venv)], "create the venv")
+            # as make venv does: the venv's bundled pip resolves this set in a third of the CPU
+            # once upgraded (about 7 s against 25 s here)
+            _pip(venv, ["install", "--quiet", "--upgrade", "pip"], "upgrade pip")
             reqs = [a for name in REQUIREMENT_FILES for a in ("-r", str(REPO / name))]
             _pip(venv, ["install", "--quiet", *reqs, RUNTIME_PYTEST], "install the requirements")
             (venv / COMPLETE).write_text(key() + "\n")

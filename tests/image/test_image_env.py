@@ -5,8 +5,8 @@ pytest; nothing of requirements-dev.txt). The unit tier and the DAG tier run the
 ``PIN_PG_URL`` pointed at this session's Postgres so the ``airflow dags test`` runs happen
 too, as they would in the image with a reachable database: one run per job DAG, not every
 variant (see DESELECTED). Cost: the inner run, plus building the venv the first time or after a
-requirements change (1 to 6 minutes here depending on load; pip's wheel cache is shared);
-later sessions reuse it.
+requirements change (about half a minute on an idle hour, more under load); later sessions
+reuse it.
 """
 
 from __future__ import annotations
