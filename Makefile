@@ -12,11 +12,11 @@ PLUGIN_STAMP := $(VENV)/.plugin-stamp
 PLUGIN_SRC   := scheduler_plugin/pyproject.toml $(wildcard scheduler_plugin/src/pin_maintenance_plugin/*.py)
 
 export PYTHONPATH := $(CURDIR)
-# make test: three pytest-xdist workers; the tiers that start Airflow stacks share one (one
-# stack at a time), the other two take the rest (tests/conftest.py). Three rather than two on
-# a 2-core machine: much of the suite waits on Airflow, services and sockets (measured
-# 2026-12-02: 13 min 40 s with three, 19 min 53 s with two). PYTEST_WORKERS=0: no xdist.
-PYTEST_WORKERS ?= 3
+# make test: four pytest-xdist workers; the tiers that start Airflow stacks share one (one
+# stack at a time), the others take the rest (tests/conftest.py). More workers than cores:
+# much of the suite waits on Airflow, services and sockets (measured in docs/testing.md, "How
+# long it takes"). PYTEST_WORKERS=0: no xdist.
+PYTEST_WORKERS ?= 4
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: help venv test lint fix demo up down screenshots bench bench-smoke clean

@@ -13,7 +13,7 @@ assertions use ``db.url``. A job that needs a privilege the script does not gran
 
 Also pytest-timeout's per-test guard, set here rather than in pyproject (see
 :func:`pytest_configure`), the order the tiers run in and, under pytest-xdist (``make test``
-runs three workers), which tests share a worker (see :func:`pytest_collection_modifyitems`).
+runs four workers), which tests share a worker (see :func:`pytest_collection_modifyitems`).
 """
 
 from __future__ import annotations
