@@ -568,10 +568,6 @@ class Bench:
             conn.commit()
         return time.perf_counter() - started
 
-    def alternate(self, i: int) -> tuple[str, str]:
-        """Job first on even runs, limit first on odd ones (cache warmth favours neither)."""
-        return ("job", "limit") if i % 2 == 0 else ("limit", "job")
-
     # -- sections ---------------------------------------------------------------------------
 
     def selections(self) -> Service:

@@ -139,16 +139,6 @@ class Proc:
         return {"name": self.name, "pid": self.pid, "pgid": self.pgid, "log": self.log}
 
 
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @dataclass(frozen=True)
 class _Stat:
     pid: int

@@ -203,16 +203,6 @@ class Database:
         (``PGPASSWORD``)."""
         return without_password(self.job_url(conn_id))
 
-    @property
-    def cli_url(self) -> str:
-        """The URL for a job CLI's ``--db-url``: without the password (the CLIs refuse one)."""
-        return without_password(self.url)[0]
-
-    @property
-    def cli_env(self) -> dict[str, str]:
-        """The environment that gives a job CLI the password (``PGPASSWORD``), if there is one."""
-        return without_password(self.url)[1]
-
 
 def without_password(url: str) -> tuple[str, dict[str, str]]:
     """``url`` without its password, and ``{"PGPASSWORD": ...}`` when it had one."""

@@ -45,7 +45,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class WebhookSink(ThreadingHTTPServer):
-    """``WebhookSink(out, port=0)``; ``.url``; ``.serve_in_thread()``; ``.received()``."""
+    """``WebhookSink(out, port=0)``; ``.url``; ``.received()``."""
 
     daemon_threads = True
 
@@ -67,11 +67,6 @@ class WebhookSink(ThreadingHTTPServer):
 
     def received(self) -> list[dict]:
         return read_jsonl(self.out)
-
-    def serve_in_thread(self) -> threading.Thread:
-        thread = threading.Thread(target=self.serve_forever, name="webhook-sink", daemon=True)
-        thread.start()
-        return thread
 
 
 def read_jsonl(path: Path) -> list[dict]:
