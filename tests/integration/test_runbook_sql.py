@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import threading
 import time
 import uuid
@@ -29,7 +30,9 @@ from include.pin_maintenance.db import advisory_lock, lock_key
 from include.pin_maintenance.jobs import activity_retention, slot_expiration, snapshot_detach
 from include.pin_maintenance.jobs.activity_retention_walk import BatchFailed
 from include.pin_maintenance.jobs.slot_expiration_batch import COUNT_CAP
+from include.pin_maintenance.server_version import SUPPORTED_MAJORS
 from include.pin_maintenance.stopping import StopSignal
+from tests.environment import external_postgres_url, requested_major
 from tests.integration.runbook_sql import RUNBOOKS, Block, psql_binary, run_psql, sql_blocks
 from tests.integration.snapshot_detach_fixtures import config as detach_config
 from tests.integration.snapshot_detach_fixtures import insert_entry, run_job
@@ -72,6 +75,22 @@ def test_no_block_uses_python_placeholders() -> None:
         assert "%(" not in block.sql, f"{block.name}: psql does not know %(name)s"
         code = "\n".join(line.split("--", 1)[0] for line in block.sql.splitlines())
         assert not re.search(r"<[a-z][^>]*>", code), f"{block.name}: use a psql variable"
+
+
+def test_the_blocks_run_in_the_psql_of_the_server_s_major(db: Database) -> None:
+    """An operator pastes these into the psql their server's packages bring (Debian 12's is 15),
+    so the client is the server's major; on a server of ``PIN_PG_URL`` it is whatever psql this
+    machine has, at least the oldest major the jobs support."""
+    version = subprocess.run(
+        [psql_binary(), "--version"], capture_output=True, text=True, check=True
+    )
+    client = int(re.search(r"\(PostgreSQL\) (\d+)", version.stdout).group(1))
+    with db.connect() as conn:
+        server = int(conn.execute("show server_version_num").fetchone()[0]) // 10000
+    if external_postgres_url() and requested_major() is None:
+        assert client >= min(SUPPORTED_MAJORS), version.stdout
+    else:
+        assert client == server, version.stdout
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.name)
