@@ -17,6 +17,7 @@ import json
 import re
 import sqlite3
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -150,7 +151,8 @@ def _run(run_dag, dag_id: str, db: Database, seeded: Seeded, home: Path, **how) 
         calls = sorted((c.snapshot_id, c.status) for c in svc.calls)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-5000:]
-    with sqlite3.connect(home / "airflow.db") as meta:
+    # closing(): sqlite3's own context manager commits and leaves the connection open
+    with closing(sqlite3.connect(home / "airflow.db")) as meta:
         # dags test keeps the run and its XComs in the metadata DB, as a deployment does
         run_id, state = meta.execute(
             "select run_id, state from dag_run where dag_id = ? order by id desc limit 1",

@@ -18,6 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -138,7 +139,8 @@ def _result(batch: dict, args: list[str], after: int = 0) -> dict:
 
 
 def _runs(batch: dict) -> list[tuple[str, dict]]:
-    with sqlite3.connect(batch["db"]) as conn:
+    # closing(): sqlite3's own context manager commits and leaves the connection open
+    with closing(sqlite3.connect(batch["db"])) as conn:
         rows = conn.execute("select dag_id, conf from dag_run").fetchall()
     return [(dag, json.loads(conf) if isinstance(conf, str) else conf) for dag, conf in rows]
 
