@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,27 @@ def image_venv() -> Path:
     if not environment.embedded_postgres_available():
         pytest.skip("the image-env check builds from the project's .venv (requirements-dev.txt)")
     return image_env.build()
+
+
+def test_the_env_is_keyed_by_the_interpreter_it_is_built_from(tmp_path: Path, monkeypatch) -> None:
+    """``PIN_IMAGE_PYTHON`` picks the image's Python (the runtime ships 3.11 and 3.12): another
+    interpreter is another env; one that does not run is refused by name, nothing built."""
+    monkeypatch.delenv(image_env.PYTHON_ENV, raising=False)
+    default = image_env.key()
+    monkeypatch.setenv(image_env.PYTHON_ENV, sys.executable)
+    assert image_env.key() == default
+    other = tmp_path / "python3.12"
+    other.write_text("#!/bin/sh\necho '3.12.1 (main) [GCC 12.2.0]'\n")
+    other.chmod(0o755)
+    monkeypatch.setenv(image_env.PYTHON_ENV, str(other))
+    assert image_env.key() != default
+
+    missing = tmp_path / "no-such-python"
+    monkeypatch.setenv(image_env.PYTHON_ENV, str(missing))
+    root = tmp_path / "envs"
+    with pytest.raises(image_env.ImageEnvError, match=f"PIN_IMAGE_PYTHON={missing}: cannot run"):
+        image_env.build(root)
+    assert not any(p.is_dir() for p in root.iterdir())
 
 
 def test_the_image_env_has_what_the_image_has_and_nothing_dev_only(image_venv: Path) -> None:
