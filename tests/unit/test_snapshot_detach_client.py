@@ -172,7 +172,7 @@ def test_a_session_the_pool_cannot_copy_sends_through_requests(svc):
     sid = _sid()
     svc.script(sid, "rate_limited")
     with HttpDetachClient(svc.url, session) as client:
-        assert client._transport is None
+        assert client._pool is None
         assert client.call(sid, "BlockReplaced", "k", timeout=2) == CallOutcome(
             429, retry_after_seconds=42
         )

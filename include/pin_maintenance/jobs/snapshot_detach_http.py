@@ -93,56 +93,62 @@ def mount_single_connection_adapter(session: requests.Session) -> requests.Sessi
     return session
 
 
-class _PooledTransport:
-    """The calls on one ``urllib3.PoolManager`` with a ``requests`` session's settings (a third
-    of the CPU per call: docs/design/detach.md)."""
-
-    def __init__(self, headers: dict[str, str], pool: urllib3.PoolManager) -> None:
-        self.headers, self.pool = headers, pool
-
-    @classmethod
-    def from_session(cls, session: requests.Session, base_url: str) -> _PooledTransport | None:
-        """The same request as ``session`` would send, or None when that cannot be promised
-        (an auth object other than basic auth, proxies, a CA bundle from the environment)."""
-        headers = {str(k): str(v) for k, v in session.headers.items()}
-        auth = session.auth
-        if isinstance(auth, requests.auth.HTTPBasicAuth):
-            auth = (auth.username, auth.password)
-        if isinstance(auth, tuple) and len(auth) == 2:
-            token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode("latin-1")).decode()
-            headers["Authorization"] = f"Basic {token}"
-        elif auth is not None:
+def _pool_for(session: requests.Session, base_url: str) -> urllib3.PoolManager | None:
+    """A ``urllib3`` pool sending what ``session`` would send (a third of the CPU per call:
+    docs/design/detach.md), or None when that cannot be promised (an auth object other than
+    basic auth, proxies, a CA bundle from the environment). Sets the session's headers."""
+    auth = session.auth
+    if isinstance(auth, requests.auth.HTTPBasicAuth):
+        auth = (auth.username, auth.password)
+    if isinstance(auth, tuple) and len(auth) == 2:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode("latin-1")).decode()
+        session.headers["Authorization"] = f"Basic {token}"
+    elif auth is not None:
+        return None
+    if session.proxies or (session.trust_env and requests.utils.get_environ_proxies(base_url)):
+        return None
+    tls: dict[str, Any] = {}
+    if base_url.startswith("https://"):
+        if session.trust_env and any(os.environ.get(v) for v in _CA_BUNDLE_ENV):
             return None
-        if session.proxies or (session.trust_env and requests.utils.get_environ_proxies(base_url)):
-            return None
-        pool_kw: dict[str, Any] = {}
-        if base_url.startswith("https://"):
-            if session.trust_env and any(os.environ.get(v) for v in _CA_BUNDLE_ENV):
-                return None
-            verify = session.verify
-            if verify is False:
-                pool_kw["cert_reqs"] = "CERT_NONE"
-            else:
-                pool_kw["cert_reqs"] = "CERT_REQUIRED"
-                if isinstance(verify, str):
-                    pool_kw["ca_cert_dir" if os.path.isdir(verify) else "ca_certs"] = verify
-                else:
-                    pool_kw["ca_certs"] = requests.utils.DEFAULT_CA_BUNDLE_PATH
-            cert = session.cert
-            if isinstance(cert, str):
-                pool_kw["cert_file"] = cert
-            elif isinstance(cert, tuple):
-                pool_kw["cert_file"], pool_kw["key_file"] = cert
-        pool = urllib3.PoolManager(
-            num_pools=4, maxsize=POOL_SIZE, block=False, retries=False, **pool_kw
-        )
-        return cls(headers, pool)
+        verify, cert = session.verify, session.cert
+        tls["cert_reqs"] = "CERT_NONE" if verify is False else "CERT_REQUIRED"
+        if isinstance(verify, str):
+            tls["ca_cert_dir" if os.path.isdir(verify) else "ca_certs"] = verify
+        elif verify is not False:
+            tls["ca_certs"] = requests.utils.DEFAULT_CA_BUNDLE_PATH
+        if isinstance(cert, str):
+            tls["cert_file"] = cert
+        elif isinstance(cert, tuple):
+            tls["cert_file"], tls["key_file"] = cert
+    return urllib3.PoolManager(num_pools=4, maxsize=POOL_SIZE, block=False, retries=False, **tls)
 
-    def call(self, url: str, reason: str, key: str, timeout: float) -> CallOutcome:
-        headers = {**self.headers, "Content-Type": "application/json", IDEMPOTENCY_HEADER: key}
+
+class HttpDetachClient:
+    """Calls through one ``urllib3`` pool configured like the session ``session_factory``
+    makes, or, where the pool cannot stand in for it, through one such session per thread."""
+
+    def __init__(self, base_url: str, session_factory: Callable[[], requests.Session]) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._session_factory = session_factory
+        self._local = threading.local()
+        self._sessions: list[requests.Session] = []
+        self._lock = threading.Lock()
+        with session_factory() as session:
+            self._pool = _pool_for(session, self.base_url)
+            self._headers = {str(k): str(v) for k, v in session.headers.items()}
+
+    def call(
+        self, snapshot_id: str, reason: str, idempotency_key: str, timeout: float
+    ) -> CallOutcome:
+        url = self.base_url + DETACH_PATH.format(snapshot_id=snapshot_id)
+        if self._pool is None:
+            return self._session_call(url, reason, idempotency_key, timeout)
+        headers = {**self._headers, "Content-Type": "application/json"}
+        headers[IDEMPOTENCY_HEADER] = idempotency_key
         _TRACE_CONTEXT.inject(headers)  # the current (CLIENT) span, when there is one
         try:
-            response = self.pool.request(
+            response = self._pool.request(
                 "POST",
                 url,
                 body=json.dumps({"reason": reason}).encode(),
@@ -160,39 +166,16 @@ class _PooledTransport:
             return CallOutcome(error_class="ConnectionError")
         return _outcome(response.status, response.headers.get("Retry-After"))
 
-    def close(self) -> None:
-        self.pool.clear()
-
-
-class HttpDetachClient:
-    """``session_factory`` makes a configured ``requests.Session``: one per worker thread when
-    the pooled transport cannot stand in for it."""
-
-    def __init__(self, base_url: str, session_factory: Callable[[], requests.Session]) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._session_factory = session_factory
-        self._local = threading.local()
-        self._sessions: list[requests.Session] = []
-        self._lock = threading.Lock()
-        with session_factory() as session:
-            self._transport = _PooledTransport.from_session(session, self.base_url)
-
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
-            session = self._session_factory()
-            self._local.session = session
+            session = self._local.session = self._session_factory()
             with self._lock:
                 self._sessions.append(session)
         return session
 
-    def call(
-        self, snapshot_id: str, reason: str, idempotency_key: str, timeout: float
-    ) -> CallOutcome:
-        url = self.base_url + DETACH_PATH.format(snapshot_id=snapshot_id)
-        if self._transport is not None:
-            return self._transport.call(url, reason, idempotency_key, timeout)
-        headers = {IDEMPOTENCY_HEADER: idempotency_key}
+    def _session_call(self, url: str, reason: str, key: str, timeout: float) -> CallOutcome:
+        headers = {IDEMPOTENCY_HEADER: key}
         _TRACE_CONTEXT.inject(headers)
         try:
             response = self._session().post(
@@ -208,18 +191,16 @@ class HttpDetachClient:
             return CallOutcome(error_class="ConnectionError")
         except requests.RequestException as exc:
             return CallOutcome(error_class=type(exc).__name__)
-        try:
+        with response:
             return _outcome(response.status_code, response.headers.get("Retry-After"))
-        finally:
-            response.close()
 
     def close(self) -> None:
         with self._lock:
             sessions, self._sessions = self._sessions, []
         for session in sessions:
             session.close()
-        if self._transport is not None:
-            self._transport.close()
+        if self._pool is not None:
+            self._pool.clear()
 
     def __enter__(self) -> HttpDetachClient:
         return self
