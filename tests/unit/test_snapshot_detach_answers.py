@@ -21,7 +21,6 @@ from include.pin_maintenance.jobs.snapshot_detach_answers import (
     answer_of,
     clean_error,
     decide,
-    reads_retry_after,
 )
 
 MAX = 12
@@ -282,11 +281,11 @@ def test_the_table_test_covers_every_row():
 
 
 @pytest.mark.parametrize("code", range(100, 600))
-def test_every_status_code_has_one_row_and_only_429_and_503_read_retry_after(code):
+def test_every_status_code_has_one_row_and_only_429_and_503_keep_retry_after(code):
     answer = answer_of(CallOutcome(code, retry_after_seconds=5))
     assert answer.kind in {a.kind for a in ANSWERS}
-    assert reads_retry_after(code) is (code in (429, 503))
     assert answer.throttles is (code in (429, 503))
+    assert answer.retry_after_seconds == (5 if code in (429, 503) else None)
 
 
 PERMANENT_4XX = {400, 404, 410, 422}

@@ -131,11 +131,6 @@ def row_of(outcome: CallOutcome) -> Answer:
     return next(a for a in ANSWERS if a.errors is None or error in a.errors)
 
 
-def reads_retry_after(status_code: int) -> bool:
-    """The client parses ``Retry-After`` only for an answer that throttles."""
-    return row_of(CallOutcome(status_code)).throttles
-
-
 def answer_of(outcome: CallOutcome) -> Answer:
     """The answer of one call: its row, with the call's own fields (pure, table-tested)."""
     row = row_of(outcome)

@@ -29,7 +29,6 @@ from include.pin_maintenance.jobs.snapshot_detach_answers import (
     CallOutcome,
     answer_of,
     decide,
-    reads_retry_after,
 )
 from include.pin_maintenance.jobs.snapshot_detach_config import DetachConfig
 from include.pin_maintenance.jobs.snapshot_detach_gate import CallGate
@@ -73,7 +72,7 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 def _outcome(status: int, retry_after: str | None) -> CallOutcome:
-    seconds = parse_retry_after(retry_after) if reads_retry_after(status) else None
+    seconds = parse_retry_after(retry_after) if retry_after else None  # kept where it throttles
     return CallOutcome(status_code=status, retry_after_seconds=seconds)
 
 
