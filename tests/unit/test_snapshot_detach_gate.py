@@ -113,24 +113,6 @@ def test_gate_counts_a_call_stalled_in_flight_as_congestion_before_it_ends():
     assert gate.stats.call_stalls == 1 and gate.limit.cuts == 1
 
 
-def test_a_pause_of_the_whole_process_is_not_a_stall():
-    # a garbage collection stops every thread: no worker passes the gate for 0.6 s, then the
-    # calls in flight all come back late; that is the job's pause, not the service's knee
-    gate, now = _gate_at_base()
-    tickets = [gate.acquire() for _ in range(4)]
-    now[0] = 0.65
-    for i, ticket in enumerate(tickets):
-        assert not gate.release(ticket, f"r{i}", answer(200))
-    assert gate.stats.call_stalls == 0 and gate.limit.slots == 8
-    # while workers keep passing the gate, a call left behind is a stall
-    stuck = gate.acquire()
-    for step in range(1, 7):
-        now[0] = 0.65 + 0.1 * step
-        gate.release(gate.acquire(), f"f{step}", answer(200))
-    assert gate.stats.call_stalls == 1
-    gate.release(stuck, "stuck", answer(200))
-
-
 def test_a_stalled_call_lost_while_the_service_answered_others_may_be_made_again():
     gate, now = _gate_at_base()
     lost = gate.acquire()

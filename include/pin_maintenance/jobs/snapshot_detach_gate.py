@@ -14,7 +14,6 @@ from include.pin_maintenance.parallel import Deadline
 
 WAIT_SLICE_SECONDS = 0.2  # a waiting worker rechecks the stop signal at least this often
 STALL_SCAN_SECONDS = 0.05  # calls in flight are looked at no more often (a stall is >= 0.5 s)
-QUIET_SECONDS = 0.3  # no worker passed the gate this long: the process paused, not the service
 MAX_PAUSE_SECONDS = 30.0  # a longer Retry-After stops calling for the run instead of pausing
 WINDOW_MIN_CALLS = 16  # fewer answers say too little about a mean latency
 WINDOW_ROUNDS = 4  # a window holds about this many rounds of the limit
@@ -225,8 +224,6 @@ class CallGate:
         self._active: set[Ticket] = set()  # calls in flight
         self._answered_started = float("-inf")  # the latest start of a call that was answered
         self._next_stall_scan = float("-inf")
-        self._last_event = float("-inf")  # when a worker last passed the gate
-        self._quiet_until = float("-inf")  # calls started before it lived through a pause
         self._paused_until = 0.0
 
     @property
@@ -291,18 +288,14 @@ class CallGate:
                 self._cond.wait(self._deadline.timeout(WAIT_SLICE_SECONDS))
 
     def _check_stalls(self, now: float) -> None:
-        """Count each call in flight past the stall time once, as congestion (under the lock);
-        a quiet spell before ``now`` exempts the calls that lived through it."""
-        if now - self._last_event > QUIET_SECONDS:
-            self._quiet_until = now
-        self._last_event = now
+        """Count each call in flight past the stall time once, as congestion (under the lock)."""
         if now >= self._next_stall_scan:
             self._next_stall_scan = now + STALL_SCAN_SECONDS
             for ticket in self._active:
                 self._check_stall(ticket, now)
 
     def _check_stall(self, ticket: Ticket, now: float) -> None:
-        if ticket.stalled or ticket.started < self._quiet_until:
+        if ticket.stalled:
             return
         if now - ticket.started > self.limit.stall_seconds:
             ticket.stalled = True
