@@ -72,7 +72,7 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
 
 
 def _outcome(status: int, retry_after: str | None) -> CallOutcome:
-    seconds = parse_retry_after(retry_after) if retry_after else None  # kept where it throttles
+    seconds = parse_retry_after(retry_after) if retry_after else None  # answer_of keeps it or not
     return CallOutcome(status_code=status, retry_after_seconds=seconds)
 
 
