@@ -92,16 +92,19 @@ def mount_single_connection_adapter(session: requests.Session) -> requests.Sessi
     return session
 
 
-def _pool_for(session: requests.Session, base_url: str) -> urllib3.PoolManager | None:
-    """A ``urllib3`` pool sending what ``session`` would send (a third of the CPU per call:
-    docs/design/detach.md), or None when that cannot be promised (an auth object other than
-    basic auth, proxies, a CA bundle from the environment). Sets the session's headers."""
+def _pool_for(
+    session: requests.Session, base_url: str, headers: dict[str, str]
+) -> urllib3.PoolManager | None:
+    """A ``urllib3`` pool sending what ``session`` would send with ``headers`` (basic auth
+    added to them; a third of the CPU per call: docs/design/detach.md), or None when that
+    cannot be promised (an auth object other than basic auth, proxies, a CA bundle from the
+    environment)."""
     auth = session.auth
     if isinstance(auth, requests.auth.HTTPBasicAuth):
         auth = (auth.username, auth.password)
     if isinstance(auth, tuple) and len(auth) == 2:
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode("latin-1")).decode()
-        session.headers["Authorization"] = f"Basic {token}"
+        headers["Authorization"] = f"Basic {token}"
     elif auth is not None:
         return None
     if session.proxies or (session.trust_env and requests.utils.get_environ_proxies(base_url)):
@@ -134,8 +137,8 @@ class HttpDetachClient:
         self._sessions: list[requests.Session] = []
         self._lock = threading.Lock()
         with session_factory() as session:
-            self._pool = _pool_for(session, self.base_url)
             self._headers = {str(k): str(v) for k, v in session.headers.items()}
+            self._pool = _pool_for(session, self.base_url, self._headers)
 
     def call(
         self, snapshot_id: str, reason: str, idempotency_key: str, timeout: float
